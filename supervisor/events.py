@@ -1,0 +1,64 @@
+"""The daemon's event vocabulary: one stream feeds the log, the metrics and the alerts.
+
+The pure core returns ``Emit(event, fields)`` actions; the daemon hands each one to every
+``EventSink`` (structlog logger, Prometheus metrics, MQTT alerts). A sink's ``emit`` must
+never block and never raise: it is called on the event loop, in the middle of a restart
+decision. Field values are JSON-able (str, int, float, bool, None, lists, dicts).
+
+Every event also carries ``host`` and ``instance`` (added by the daemon).
+
+| event               | fields (at least)                                                         |
+|---------------------|---------------------------------------------------------------------------|
+| daemon_started      | version, config, pid                                                      |
+| launch              | argv, mem_fraction_static, hicache_size_gb, attempt, pid, rung            |
+| state_changed       | from, to, reason, mem_fraction_static, restarts, last_cause               |
+| server_ready        | startup_s, mem_fraction_static, hicache_size_gb, attempt                  |
+| recovered           | like server_ready, plus cause (of the crash it recovered from)            |
+| startup_facts       | ranks {rank: {...RankFacts}}, avail_mem_after_capture_gb,                 |
+|                     | max_total_num_tokens, kv_cache_tokens, progress                           |
+| crash               | cause, remedy, phase, exit_code, signal, evidence [str], evidence_lineno, |
+|                     | location, rank, exc_type, exc_message, mem_fraction_static,               |
+|                     | hicache_size_gb, attempt, next_mem_fraction_static, next_hicache_size_gb, |
+|                     | next_retry_s (None when giving up), consecutive_failures                  |
+| restart_scheduled   | delay_s, cause, mem_fraction_static (the next one), hicache_size_gb,      |
+|                     | attempt (the next one), rung                                              |
+| gave_up             | reason, cause, mem_fraction_static                                        |
+| headroom_low        | avail_mem_gb, threshold_gb, rank, action ("step_down"|"warn"),            |
+|                     | mem_fraction_static, next_mem_fraction_static                             |
+| gpu_memory_stuck    | gpus [{index, uuid, free_bytes, total_bytes}], timeout_s                  |
+| gpu_sample          | gpus [{index, uuid, total_bytes, free_bytes, used_bytes}] (not logged     |
+|                     | at info: it comes every [gpu] interval_s)                                 |
+| gpu_low_free        | index, uuid, free_bytes, threshold_bytes (once per episode)               |
+| gpu_probe_error     | error, degraded (bool)                                                    |
+| probe               | ok, duration_s, status (HTTP code or None), error (not logged at info)    |
+| preflight_failed    | checks [{name, ok, detail}], permanent                                    |
+| orphans_killed      | pids [int], titles [str]                                                  |
+| foreign_gpu_process | pid, gpu, used_bytes, name                                                |
+| server_stopped      | reason, exit_code, signal                                                 |
+| config_reloaded     | ok, error                                                                 |
+| daemon_stopping     | reason                                                                    |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+ALERT_KINDS: dict[str, str] = {
+    # daemon event -> MQTT event kind (topic .../event/{kind})
+    "crash": "crash",
+    "restart_scheduled": "restart",
+    "recovered": "recovered",
+    "gave_up": "gave_up",
+    "headroom_low": "headroom_low",
+    "gpu_memory_stuck": "gpu_memory_stuck",
+}
+
+# Events too frequent for the info log (they still reach metrics).
+QUIET_EVENTS = frozenset({"probe", "gpu_sample"})
+
+
+class EventSink(Protocol):
+    """Receives every event. Must not block and must not raise."""
+
+    def emit(self, event: str, fields: Mapping[str, Any]) -> None: ...

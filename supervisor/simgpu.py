@@ -1,0 +1,172 @@
+"""The simulated GPU: a directory of small JSON files that stands in for NVML.
+
+Layout of a simulated-GPU directory ``D``:
+
+- ``D/gpus.json``: ``{"gpus": [{"index", "uuid", "name", "total_bytes"}, ...]}``.
+- ``D/proc-<pid>.json``: one per process holding simulated GPU memory:
+  ``{"pid", "create_time", "title", "stuck", "allocations": [{"gpu", "used_bytes"}]}``.
+
+Memory of a process counts while that process is alive, as on a real GPU where the driver
+frees a context when its process dies. ``stuck: true`` keeps it counted after the process
+is gone (memory that never frees until a GPU reset). ``reset`` plays the GPU reset.
+
+Written by the simulator, read by the ``simulated`` GPU backend and the tests. Every
+write is atomic (temp file + rename), so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import uuid as _uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+GIB = 1024**3
+GPUS_FILE = "gpus.json"
+PROC_PREFIX = "proc-"
+
+
+@dataclass(frozen=True, slots=True)
+class SimProcess:
+    pid: int
+    title: str
+    stuck: bool
+    allocations: dict[int, int]  # gpu index -> bytes
+    alive: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SimGpu:
+    index: int
+    uuid: str
+    name: str
+    total_bytes: int
+    used_bytes: int
+    processes: tuple[tuple[int, int], ...]  # (pid, used bytes) of live or stuck holders
+
+    @property
+    def free_bytes(self) -> int:
+        return max(0, self.total_bytes - self.used_bytes)
+
+
+def _atomic_write_json(path: Path, payload: object) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(payload, f)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def ensure_gpus(directory: str | os.PathLike[str], count: int, total_gb: float) -> None:
+    """Create ``gpus.json`` with ``count`` cards of ``total_gb`` GiB unless it exists."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / GPUS_FILE
+    if path.exists():
+        return
+    gpus = [
+        {
+            "index": i,
+            "uuid": f"GPU-{_uuid.UUID(int=(0x5151 << 112) | i)}",
+            "name": f"Simulated GPU {total_gb:g}GB",
+            "total_bytes": int(total_gb * GIB),
+        }
+        for i in range(count)
+    ]
+    _atomic_write_json(path, {"gpus": gpus})
+
+
+def write_process(
+    directory: str | os.PathLike[str],
+    pid: int,
+    allocations: dict[int, int],
+    *,
+    title: str = "",
+    stuck: bool = False,
+) -> None:
+    """Record (or replace) what process ``pid`` holds on each simulated GPU."""
+    try:
+        create_time = psutil.Process(pid).create_time()
+    except psutil.Error:
+        create_time = 0.0
+    payload = {
+        "pid": pid,
+        "create_time": create_time,
+        "title": title,
+        "stuck": stuck,
+        "allocations": [{"gpu": g, "used_bytes": int(b)} for g, b in sorted(allocations.items())],
+    }
+    _atomic_write_json(Path(directory) / f"{PROC_PREFIX}{pid}.json", payload)
+
+
+def remove_process(directory: str | os.PathLike[str], pid: int) -> None:
+    try:
+        os.unlink(Path(directory) / f"{PROC_PREFIX}{pid}.json")
+    except FileNotFoundError:
+        pass
+
+
+def _alive(pid: int, create_time: float) -> bool:
+    try:
+        p = psutil.Process(pid)
+        if create_time and abs(p.create_time() - create_time) > 1.0:
+            return False  # the pid was reused by another process
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def read_processes(directory: str | os.PathLike[str]) -> list[SimProcess]:
+    out: list[SimProcess] = []
+    d = Path(directory)
+    try:
+        entries = sorted(d.glob(f"{PROC_PREFIX}*.json"))
+    except OSError:
+        return out
+    for path in entries:
+        try:
+            data = json.loads(path.read_text())
+            pid = int(data["pid"])
+            allocs = {int(a["gpu"]): int(a["used_bytes"]) for a in data.get("allocations", [])}
+            alive = _alive(pid, float(data.get("create_time") or 0.0))
+            out.append(
+                SimProcess(pid, str(data.get("title", "")), bool(data.get("stuck")), allocs, alive)
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a file being replaced, or garbage: not a holder
+    return out
+
+
+def read_gpus(directory: str | os.PathLike[str]) -> list[SimGpu]:
+    """The simulated cards with the memory held by live (or stuck) processes."""
+    d = Path(directory)
+    data = json.loads((d / GPUS_FILE).read_text())
+    holders = [p for p in read_processes(d) if p.alive or p.stuck]
+    gpus: list[SimGpu] = []
+    for g in data["gpus"]:
+        idx = int(g["index"])
+        procs = tuple((p.pid, p.allocations[idx]) for p in holders if idx in p.allocations)
+        used = sum(b for _, b in procs)
+        gpus.append(
+            SimGpu(idx, str(g["uuid"]), str(g.get("name", "")), int(g["total_bytes"]), used, procs)
+        )
+    return gpus
+
+
+def reset(directory: str | os.PathLike[str]) -> None:
+    """A GPU reset: forget every holder, stuck ones included."""
+    for path in Path(directory).glob(f"{PROC_PREFIX}*.json"):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
