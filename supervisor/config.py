@@ -127,8 +127,9 @@ class GpuConfig:
     sim_dir: str = field(default="", metadata=_rule("a directory path (for backend = simulated)"))
     interval_s: float = field(default=2.0, metadata=_rule("seconds > 0", _positive))
     call_timeout_s: float = field(default=5.0, metadata=_rule("seconds > 0", _positive))
-    # After a crash a GPU counts as free when this share of its memory is free again.
-    free_share_min: float = field(default=0.9, metadata=_rule("a share between 0 and 1", _share))
+    # After a crash a GPU counts as free when this share of its memory is free again. An idle
+    # card shows < 1 % used and an orphan ~70 %; 5 % still hidden would come out of the KV pool.
+    free_share_min: float = field(default=0.95, metadata=_rule("a share between 0 and 1", _share))
     release_timeout_s: float = field(default=120.0, metadata=_rule("seconds > 0", _positive))
     kill_foreign: bool = field(default=False, metadata=_rule("true or false"))
     low_free_warn_gb: float = field(default=1.0, metadata=_rule("GB >= 0", _non_negative))
@@ -207,3 +208,225 @@ class Config:
     state: StateConfig = field(default_factory=StateConfig)
     # Not a TOML key: the stem of the file it came from ("kimi" for kimi.toml).
     name: str = "supervisor"
+
+
+# --- loading and validation -------------------------------------------------------------
+
+_SECTIONS: dict[str, type] = {name: hint for name, hint in typing.get_type_hints(Config).items() if name != "name"}
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None))
+    if origin is tuple:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}s"
+    if origin is dict:
+        return "a table of strings"
+    return {bool: "true/false", int: "integer", float: "number", str: "string"}.get(tp, str(tp))
+
+
+def _coerce(value: Any, tp: Any) -> Any:
+    """``value`` converted to ``tp``, or raise TypeError. No silent string->number casts."""
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg)
+            except TypeError:
+                continue
+        raise TypeError
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise TypeError
+        (item_type, _ellipsis) = typing.get_args(tp)
+        return tuple(_coerce(v, item_type) for v in value)
+    if origin is dict:
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            raise TypeError
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise TypeError
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise TypeError
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            if not math.isfinite(float(value)):
+                raise TypeError
+            return float(value)
+        raise TypeError
+    if tp is str:
+        if isinstance(value, str) and "\x00" not in value:
+            return value
+        raise TypeError
+    raise TypeError
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _build_section(where: str, section: str, cls: type, raw: Any) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: [{section}] must be a table, not {_show(raw)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in fields:
+            known = ", ".join(sorted(fields))
+            raise ConfigError(f"{where}: [{section}] {key}: unknown key (known: {known})")
+        meta = fields[key].metadata
+        rule = meta.get("rule") or _type_name(hints[key])
+        try:
+            converted = _coerce(value, hints[key])
+        except TypeError:
+            raise ConfigError(
+                f"{where}: [{section}] {key} = {_show(value)}: must be {rule}"
+            ) from None
+        check = meta.get("check")
+        if check is not None and converted is not None and not check(converted):
+            raise ConfigError(f"{where}: [{section}] {key} = {_show(value)}: must be {rule}")
+        kwargs[key] = converted
+    return cls(**kwargs)
+
+
+# The flags build_argv sets from [server] keys, with SGLang's aliases. extra_args must not set
+# them again: SGLang's argparse keeps the last one, so the ladder would be silently ignored.
+MANAGED_FLAGS: dict[str, str] = {
+    "--model-path": "model_path",
+    "--model": "model_path",
+    "--host": "host",
+    "--port": "port",
+    "--tp-size": "tp_size",
+    "--tensor-parallel-size": "tp_size",
+    "--dp-size": "dp_size",
+    "--data-parallel-size": "dp_size",
+    "--mem-fraction-static": "mem_fraction_static",
+    "--enable-hierarchical-cache": "hicache_size_gb",
+    "--enable-hicache": "hicache_size_gb",
+    "--hicache-size": "hicache_size_gb",
+}
+
+
+def managed_flag(arg: str) -> str | None:
+    """The managed flag that ``arg`` would set, also as ``--flag=value`` or as an argparse
+    abbreviation (``--mem-frac``, ``--tp``); None for any other argument."""
+    name = arg.split("=", 1)[0]
+    if not name.startswith("--") or name == "--":
+        return None
+    return next((flag for flag in MANAGED_FLAGS if flag.startswith(name)), None)
+
+
+def _cross_checks(where: str, cfg: Config) -> None:
+    """Rules that tie keys together."""
+    if not cfg.server.model_path:
+        raise ConfigError(f'{where}: [server] model_path: missing: must be a non-empty string')
+    for arg in cfg.server.extra_args:
+        if (flag := managed_flag(arg)) is not None:
+            raise ConfigError(
+                f"{where}: [server] extra_args = {_show(list(cfg.server.extra_args))}: must not "
+                f"contain {arg!r} (the supervisor sets {flag} from [server] {MANAGED_FLAGS[flag]})"
+            )
+    frac = cfg.server.mem_fraction_static
+    ladder = cfg.policy.fraction_ladder
+    if frac is not None and frac < ladder[-1]:
+        raise ConfigError(
+            f"{where}: [server] mem_fraction_static = {frac}: must be >= the ladder's floor "
+            f"{ladder[-1]} ([policy] fraction_ladder)"
+        )
+    if cfg.gpu.backend == "simulated" and not cfg.gpu.sim_dir:
+        raise ConfigError(f'{where}: [gpu] sim_dir = "": must be set when backend = "simulated"')
+    if cfg.health.timeout_s <= 0:
+        raise ConfigError(f"{where}: [health] timeout_s: must be > 0")
+    if cfg.mqtt.enabled and cfg.mqtt.username and not cfg.mqtt.password_file:
+        raise ConfigError(
+            f"{where}: [mqtt] password_file = \"\": must be set when username is "
+            "(the password is read from a file, never written inline)"
+        )
+
+
+def build_config(data: dict[str, Any], *, where: str = "config", name: str = "supervisor") -> Config:
+    """Validate a parsed TOML document into a ``Config``; ``where`` prefixes every error."""
+    sections: dict[str, Any] = {}
+    for section, raw in data.items():
+        if section not in _SECTIONS:
+            known = ", ".join(f"[{s}]" for s in _SECTIONS)
+            raise ConfigError(f"{where}: [{section}]: unknown section (known: {known})")
+        sections[section] = _build_section(where, section, _SECTIONS[section], raw)
+    cfg = Config(**sections, name=name)
+    _cross_checks(where, cfg)
+    return cfg
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """``section.key=value`` -> (section, key, value). The value is read as TOML; a bare
+    word that is not valid TOML is taken as a string (``state.dir=/tmp/x``)."""
+    path, sep, raw = text.partition("=")
+    section, dot, key = path.strip().partition(".")
+    if not sep or not dot or not section or not key:
+        raise ConfigError(f"--set {text!r}: expected SECTION.KEY=VALUE (e.g. server.port=30001)")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return section, key, value
+
+
+def check_file_mode(path: Path) -> None:
+    """Refuse a config that users other than the owner may write: it holds a command line."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return
+    if mode & 0o022:
+        raise ConfigError(
+            f"{path}: writable by group or others (mode {mode & 0o777:04o}); it sets the command "
+            f"line run as the service user: chmod go-w {path}"
+        )
+
+
+def load_config(path: str | os.PathLike[str], overrides: typing.Sequence[str] = ()) -> Config:
+    """Read, override and validate a config file. Raises ``ConfigError`` (one line)."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    check_file_mode(p)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: invalid TOML: {exc}") from None
+    for item in overrides:
+        section, key, value = parse_override(item)
+        table = data.setdefault(section, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"--set {item!r}: [{section}] is not a table in {p}")
+        table[key] = value
+    return build_config(data, where=str(p), name=p.stem)
+
+
+def config_from_overrides(overrides: typing.Sequence[str], *, name: str = "demo") -> Config:
+    """A config made of ``--set`` items alone (used by the demo on top of its own file)."""
+    data: dict[str, Any] = {}
+    for item in overrides:
+        section, key, value = parse_override(item)
+        data.setdefault(section, {})[key] = value
+    return build_config(data, where="--set", name=name)

@@ -1,0 +1,686 @@
+"""The supervisor's state machine: ``step(core, event, ctx) -> (core, actions)``.
+
+Pure: no clock (``ctx.now`` is monotonic seconds handed in), no I/O, no asyncio. The
+daemon feeds events and carries out the actions. Every edge is named in a comment
+``# FROM -> TO`` and has a test named after it in tests/test_machine.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from . import policy
+from .config import Config
+from .model import Cause, Diagnosis, ExitStatus, Phase, Remedy, StartupFacts, State
+
+HISTORY_LIMIT = 200
+
+
+# --- learned state (persisted) ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CrashRecord:
+    """One line of the crash history, as shown by ``status``."""
+
+    wall_time: str  # RFC 3339, for people
+    cause: str
+    remedy: str
+    phase: str
+    exit: str  # "killed by SIGKILL", "exit code 1", "stopped by us"
+    fraction: float
+    next_fraction: float | None
+    evidence: str
+    location: str | None
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Learned:
+    """What survives a daemon restart: the rung, what crashed, the history."""
+
+    fraction: float
+    hicache_size_gb: int
+    base_fraction: float  # the configured fraction this was learned from
+    base_hicache_size_gb: int
+    oom_fractions: frozenset[float] = frozenset()
+    history: tuple[CrashRecord, ...] = ()
+    restarts: int = 0
+
+    @classmethod
+    def initial(cls, cfg: Config) -> Learned:
+        base = cfg.server.mem_fraction_static or cfg.policy.fraction_ladder[0]
+        return cls(base, cfg.server.hicache_size_gb, base, cfg.server.hicache_size_gb)
+
+    def rebased(self, cfg: Config) -> Learned:
+        """Keep what was learned unless the operator changed the configured starting point."""
+        fresh = Learned.initial(cfg)
+        if (fresh.base_fraction, fresh.base_hicache_size_gb) == (
+            self.base_fraction,
+            self.base_hicache_size_gb,
+        ):
+            return self
+        return replace(
+            fresh, oom_fractions=self.oom_fractions, history=self.history, restarts=self.restarts
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["oom_fractions"] = sorted(self.oom_fractions, reverse=True)
+        d["history"] = [dataclasses.asdict(h) for h in self.history]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Learned:
+        return cls(
+            fraction=float(d["fraction"]),
+            hicache_size_gb=int(d["hicache_size_gb"]),
+            base_fraction=float(d["base_fraction"]),
+            base_hicache_size_gb=int(d["base_hicache_size_gb"]),
+            oom_fractions=frozenset(float(x) for x in d.get("oom_fractions", [])),
+            history=tuple(CrashRecord(**h) for h in d.get("history", [])),
+            restarts=int(d.get("restarts", 0)),
+        )
+
+
+# --- the machine's state ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Core:
+    state: State
+    learned: Learned
+    attempt: int = 0  # launches since the daemon started
+    pid: int | None = None
+    launched_at: float | None = None
+    ready_at: float | None = None
+    failures: int = 0  # crash streak (resets after a stable period)
+    crash_times: tuple[float, ...] = ()  # monotonic, for the give-up window
+    probe_failures: int = 0
+    pending: Cause | None = None  # why we are stopping the server to relaunch it
+    pending_detail: str = ""
+    last_cause: str | None = None
+    recovering_from: str | None = None  # cause of the crash the next ready recovers from
+    headroom_checked: bool = False
+    facts: StartupFacts | None = None
+    reason: str = ""  # why the last transition happened (status, gave-up reason)
+
+    @classmethod
+    def initial(cls, learned: Learned) -> Core:
+        return cls(State.STOPPED, learned)
+
+    @property
+    def phase(self) -> Phase:
+        served = self.state is State.READY or self.ready_at is not None
+        return Phase.SERVING if served else Phase.STARTING
+
+
+# --- events -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Boot:
+    """The daemon is up and wants a server."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """Old processes are gone, the GPUs are free and preflight passed."""
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareFailed:
+    cause: Cause  # GPU_MEMORY_STUCK, PREFLIGHT_FAILED, GPU_HW_ERROR
+    detail: str
+    permanent: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Launched:
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchFailed:
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class FactsUpdated:
+    facts: StartupFacts
+
+
+@dataclass(frozen=True, slots=True)
+class ServerExited:
+    status: ExitStatus
+    diagnosis: Diagnosis
+
+
+@dataclass(frozen=True, slots=True)
+class TimerFired:
+    name: str  # "probe" | "startup" | "backoff" | "stable"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLost:
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class StopRequested:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigChanged:
+    """A reload was accepted; the new config is in ctx. Applied at the next launch."""
+
+
+Event = (
+    Boot | Prepared | PrepareFailed | Launched | LaunchFailed | ProbeResult | FactsUpdated
+    | ServerExited | TimerFired | GpuLost | StopRequested | ConfigChanged
+)
+
+
+# --- actions ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Prepare:
+    """Clear old servers off the GPUs, wait for memory, run preflight."""
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    argv: tuple[str, ...]
+    fraction: float
+    hicache_size_gb: int
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class StopServer:
+    grace_s: float  # 0 = SIGKILL the group at once
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SetTimer:
+    name: str
+    delay_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTimer:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Emit:
+    event: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """Probe the server's health endpoint now and report a ``ProbeResult``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Persist:
+    """Write the learned state (and the live server's pid) to the state directory."""
+
+
+@dataclass(frozen=True, slots=True)
+class Exit:
+    code: int
+
+
+Action = Prepare | Launch | StopServer | SetTimer | CancelTimer | Emit | Probe | Persist | Exit
+
+
+@dataclass(frozen=True, slots=True)
+class Ctx:
+    """The inputs besides state and event: the time, the config, the jitter source."""
+
+    now: float
+    cfg: Config
+    rng: random.Random
+    wall_time: str = ""  # RFC 3339, only for the history shown to people
+
+
+# --- the launch command line --------------------------------------------------------------
+
+
+def build_argv(cfg: Config, fraction: float, hicache_size_gb: int) -> tuple[str, ...]:
+    """The exact argv: flags spelled as SGLang's ``launch_server`` parser knows them."""
+    s = cfg.server
+    argv = [
+        *s.command,
+        "--model-path", s.model_path,
+        "--host", s.host,
+        "--port", str(s.port),
+        "--tp-size", str(s.tp_size),
+    ]
+    if s.dp_size != 1:
+        argv += ["--dp-size", str(s.dp_size)]
+    argv += ["--mem-fraction-static", f"{fraction:g}"]
+    if hicache_size_gb > 0:
+        argv += ["--enable-hierarchical-cache", "--hicache-size", str(hicache_size_gb)]
+    argv += list(s.extra_args)
+    return tuple(argv)
+
+
+# --- the transition function --------------------------------------------------------------
+
+
+def _transition(core: Core, to: State, reason: str, **changes: Any) -> tuple[Core, list[Action]]:
+    """The one place that changes ``state``; it emits ``state_changed`` and persists."""
+    new = replace(core, state=to, reason=reason, **changes)
+    if to is core.state:
+        return new, [Persist()]
+    fields = {
+        "from": str(core.state),
+        "to": str(to),
+        "reason": reason,
+        "mem_fraction_static": new.learned.fraction,
+        "hicache_size_gb": new.learned.hicache_size_gb,
+        "restarts": new.learned.restarts,
+        "last_cause": new.last_cause,
+    }
+    return new, [Emit("state_changed", fields), Persist()]
+
+
+def _launch(core: Core, ctx: Ctx, reason: str) -> tuple[Core, list[Action]]:
+    # PREPARING -> STARTING
+    attempt = core.attempt + 1
+    fraction, hicache = core.learned.fraction, core.learned.hicache_size_gb
+    argv = build_argv(ctx.cfg, fraction, hicache)
+    new, actions = _transition(
+        core,
+        State.STARTING,
+        reason,
+        attempt=attempt,
+        pid=None,
+        launched_at=ctx.now,
+        ready_at=None,
+        probe_failures=0,
+        pending=None,
+        pending_detail="",
+        headroom_checked=False,
+        facts=None,
+    )
+    return new, [
+        Launch(argv, fraction, hicache, attempt),
+        *actions,
+        SetTimer("startup", ctx.cfg.health.startup_timeout_s),
+        SetTimer("probe", ctx.cfg.health.startup_poll_s),
+    ]
+
+
+def _prepare(core: Core, reason: str) -> tuple[Core, list[Action]]:
+    # STOPPED/BACKOFF -> PREPARING
+    new, actions = _transition(core, State.PREPARING, reason)
+    return new, [*actions, Prepare()]
+
+
+def _give_up(core: Core, reason: str, cause: str | None) -> tuple[Core, list[Action]]:
+    # * -> GAVE_UP
+    new, actions = _transition(core, State.GAVE_UP, reason, pid=None)
+    return new, [
+        CancelTimer("probe"),
+        CancelTimer("startup"),
+        CancelTimer("stable"),
+        *actions,
+        Emit(
+            "gave_up",
+            {"reason": reason, "cause": cause, "mem_fraction_static": new.learned.fraction,
+             "restarts": new.learned.restarts},
+        ),
+    ]
+
+
+def _after_failure(
+    core: Core,
+    ctx: Ctx,
+    *,
+    diagnosis: Diagnosis,
+    status: ExitStatus | None,
+    immediate: bool = False,
+) -> tuple[Core, list[Action]]:
+    """Record a crash, ask the policy, go to BACKOFF or GAVE_UP."""
+    cfg = ctx.cfg
+    cause = diagnosis.cause
+    window_start = ctx.now - cfg.policy.crash_window_s
+    counted = not immediate  # a preemptive step-down is not a crash
+    crash_times = tuple(t for t in core.crash_times if t >= window_start)
+    if counted:
+        crash_times += (ctx.now,)
+    failures = core.failures + 1 if counted else core.failures
+    learned = core.learned
+    prev_hicache = learned.hicache_size_gb
+    decision = policy.decide(
+        cause=cause,
+        remedy=diagnosis.remedy,
+        fraction=learned.fraction,
+        hicache_size_gb=learned.hicache_size_gb,
+        oom_fractions=learned.oom_fractions,
+        crashes_in_window=len(crash_times),
+        failures=failures,
+        cfg=cfg.policy,
+        jitter_sample=ctx.rng.random(),
+        immediate=immediate,
+    )
+    oom = learned.oom_fractions
+    if diagnosis.remedy is Remedy.FRACTION_DOWN:
+        oom = oom | {learned.fraction}
+    exit_text = status.describe() if status else "stopped by the supervisor"
+    record = CrashRecord(
+        wall_time=ctx.wall_time,
+        cause=str(cause),
+        remedy=str(diagnosis.remedy),
+        phase=str(diagnosis.phase),
+        exit=exit_text,
+        fraction=learned.fraction,
+        next_fraction=None if decision.give_up else decision.fraction,
+        evidence=(diagnosis.evidence[0] if diagnosis.evidence else "")[:300],
+        location=diagnosis.location,
+        attempt=core.attempt,
+    )
+    learned = replace(
+        learned,
+        oom_fractions=oom,
+        history=(*learned.history, record)[-HISTORY_LIMIT:],
+        fraction=decision.fraction,
+        hicache_size_gb=decision.hicache_size_gb,
+        restarts=learned.restarts + (0 if decision.give_up else 1),
+    )
+    core = replace(
+        core,
+        learned=learned,
+        crash_times=crash_times,
+        failures=failures,
+        last_cause=str(cause),
+        recovering_from=str(cause),
+        pid=None,
+    )
+    crash_event = Emit(
+        "crash",
+        {
+            "cause": str(cause),
+            "remedy": str(diagnosis.remedy),
+            "phase": str(diagnosis.phase),
+            "exit_code": status.code if status else None,
+            "signal": status.signal if status else None,
+            "evidence": list(diagnosis.evidence),
+            "evidence_lineno": diagnosis.evidence_lineno,
+            "location": diagnosis.location,
+            "rank": diagnosis.rank,
+            "exc_type": diagnosis.exc_type,
+            "exc_message": diagnosis.exc_message,
+            "mem_fraction_static": record.fraction,
+            "hicache_size_gb": prev_hicache,
+            "attempt": core.attempt,
+            "next_mem_fraction_static": record.next_fraction,
+            "next_hicache_size_gb": None if decision.give_up else decision.hicache_size_gb,
+            "next_retry_s": None if decision.give_up else round(decision.delay_s, 3),
+            "consecutive_failures": failures,
+        },
+    )
+    crash_events: list[Action] = [crash_event] if counted else []
+    if decision.give_up:
+        new, actions = _give_up(core, decision.reason, str(cause))
+        return new, [*crash_events, *actions]
+    # STARTING/READY/RESTARTING -> BACKOFF
+    new, actions = _transition(core, State.BACKOFF, decision.reason)
+    return new, [
+        *crash_events,
+        CancelTimer("probe"),
+        CancelTimer("startup"),
+        CancelTimer("stable"),
+        *actions,
+        Emit(
+            "restart_scheduled",
+            {
+                "delay_s": round(decision.delay_s, 3),
+                "cause": str(cause),
+                "mem_fraction_static": decision.fraction,
+                "hicache_size_gb": decision.hicache_size_gb,
+                "attempt": core.attempt + 1,
+                "rung": policy.rung_of(decision.fraction, cfg.policy.fraction_ladder),
+            },
+        ),
+        SetTimer("backoff", decision.delay_s),
+    ]
+
+
+def _stop_to_relaunch(
+    core: Core, ctx: Ctx, cause: Cause, detail: str, grace_s: float
+) -> tuple[Core, list[Action]]:
+    # STARTING/READY -> RESTARTING
+    new, actions = _transition(
+        core, State.RESTARTING, f"{cause.summary}: {detail}", pending=cause, pending_detail=detail
+    )
+    return new, [
+        CancelTimer("probe"),
+        CancelTimer("startup"),
+        CancelTimer("stable"),
+        *actions,
+        StopServer(grace_s, str(cause)),
+    ]
+
+
+def _check_headroom(core: Core, ctx: Ctx, facts: StartupFacts) -> tuple[Core, list[Action]]:
+    """The headroom guard: too little memory left after CUDA-graph capture."""
+    avail = facts.avail_mem_after_capture_gb
+    gpu = ctx.cfg.gpu
+    if core.headroom_checked or avail is None or avail >= gpu.headroom_min_gb:
+        return core, []
+    rank = min(
+        (r for r in facts.ranks.values() if r.avail_mem_after_capture_gb is not None),
+        key=lambda r: r.avail_mem_after_capture_gb or 0.0,
+    ).rank
+    lower = policy.fraction_below(core.learned.fraction, ctx.cfg.policy.fraction_ladder)
+    step_down = gpu.headroom_action == "step_down" and lower is not None
+    core = replace(core, headroom_checked=True)
+    alert = Emit(
+        "headroom_low",
+        {
+            "avail_mem_gb": avail,
+            "threshold_gb": gpu.headroom_min_gb,
+            "rank": rank,
+            "action": "step_down" if step_down else "warn",
+            "mem_fraction_static": core.learned.fraction,
+            "next_mem_fraction_static": lower if step_down else None,
+        },
+    )
+    if not step_down:
+        return core, [alert]
+    detail = (
+        f"{avail:g} GB left after CUDA-graph capture on {rank} < {gpu.headroom_min_gb:g} GB"
+    )
+    new, actions = _stop_to_relaunch(
+        core, ctx, Cause.HEADROOM_LOW, detail, ctx.cfg.server.stop_grace_s
+    )
+    return new, [alert, *actions]
+
+
+def _ready(core: Core, ctx: Ctx) -> tuple[Core, list[Action]]:
+    # STARTING -> READY
+    startup_s = ctx.now - (ctx.now if core.launched_at is None else core.launched_at)
+    new, actions = _transition(
+        core, State.READY, "health probe answered 200", ready_at=ctx.now, probe_failures=0,
+        recovering_from=None,
+    )
+    fields = {
+        "startup_s": round(startup_s, 3),
+        "mem_fraction_static": core.learned.fraction,
+        "hicache_size_gb": core.learned.hicache_size_gb,
+        "attempt": core.attempt,
+    }
+    out: list[Action] = [CancelTimer("startup"), *actions, Emit("server_ready", fields)]
+    if core.facts is not None:
+        out.append(Emit("startup_facts", facts_fields(core.facts)))
+    if core.recovering_from:
+        out.append(Emit("recovered", {**fields, "cause": core.recovering_from}))
+    out += [
+        SetTimer("probe", ctx.cfg.health.interval_s),
+        SetTimer("stable", ctx.cfg.policy.stable_after_s),
+    ]
+    return new, out
+
+
+def facts_fields(facts: StartupFacts) -> dict[str, Any]:
+    return {
+        "ranks": {k: dataclasses.asdict(v) for k, v in facts.ranks.items()},
+        "avail_mem_after_capture_gb": facts.avail_mem_after_capture_gb,
+        "max_total_num_tokens": facts.max_total_num_tokens,
+        "kv_cache_tokens": facts.kv_cache_tokens,
+        "progress": facts.progress,
+    }
+
+
+def step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
+    """The next state and the actions to carry out, for one event."""
+    s = core.state
+    cfg = ctx.cfg
+    match event:
+        case Boot() if s is State.STOPPED:
+            # STOPPED -> PREPARING
+            return _prepare(core, "daemon started")
+
+        case ConfigChanged():
+            learned = core.learned.rebased(cfg)
+            return replace(core, learned=learned), ([Persist()] if learned != core.learned else [])
+
+        case Prepared() if s is State.PREPARING:
+            # PREPARING -> STARTING
+            return _launch(core, ctx, "GPUs free and preflight passed")
+
+        case PrepareFailed(cause=cause, detail=detail, permanent=permanent) if s is State.PREPARING:
+            if permanent or not cause.restartable:
+                # PREPARING -> GAVE_UP
+                return _give_up(core, f"{cause.summary}: {detail}", str(cause))
+            # PREPARING -> BACKOFF
+            failures = core.failures + 1
+            delay = policy.backoff_delay(failures, cfg.policy, ctx.rng.random())
+            new, actions = _transition(
+                core, State.BACKOFF, f"{cause.summary}: {detail}", failures=failures,
+                last_cause=str(cause),
+            )
+            return new, [
+                *actions,
+                Emit("preflight_retry", {"cause": str(cause), "detail": detail, "delay_s": delay}),
+                SetTimer("backoff", delay),
+            ]
+
+        case Launched(pid=pid) if s is State.STARTING:
+            return replace(core, pid=pid), [Persist()]
+
+        case LaunchFailed(error=error) if s is State.STARTING:
+            # STARTING -> GAVE_UP: the command itself cannot be run
+            return _give_up(core, f"cannot start the server: {error}", str(Cause.CONFIG_ERROR))
+
+        case TimerFired(name="probe") if s in (State.STARTING, State.READY):
+            return core, [Probe()]
+
+        case ProbeResult(ok=True) if s is State.STARTING:
+            return _ready(core, ctx)
+
+        case ProbeResult(ok=False) if s is State.STARTING:
+            return core, [SetTimer("probe", cfg.health.startup_poll_s)]
+
+        case ProbeResult(ok=True) if s is State.READY:
+            return replace(core, probe_failures=0), [SetTimer("probe", cfg.health.interval_s)]
+
+        case ProbeResult(ok=False, detail=detail) if s is State.READY:
+            failures = core.probe_failures + 1
+            if failures < cfg.health.failures:
+                return replace(core, probe_failures=failures), [
+                    SetTimer("probe", cfg.health.interval_s)
+                ]
+            # READY -> RESTARTING: a hung server cannot drain, so no grace
+            why = f"{failures} health probes failed in a row (last: {detail})"
+            return _stop_to_relaunch(replace(core, probe_failures=failures), ctx, Cause.HANG, why, 0.0)
+
+        case FactsUpdated(facts=facts) if s in (State.STARTING, State.READY):
+            return _check_headroom(replace(core, facts=facts), ctx, facts)
+
+        case TimerFired(name="startup") if s is State.STARTING:
+            # STARTING -> RESTARTING
+            why = f"not ready after {cfg.health.startup_timeout_s:g} s"
+            return _stop_to_relaunch(core, ctx, Cause.STARTUP_TIMEOUT, why, cfg.server.stop_grace_s)
+
+        case TimerFired(name="stable") if s is State.READY:
+            return replace(core, failures=0), [Emit("stable", {"after_s": cfg.policy.stable_after_s})]
+
+        case TimerFired(name="backoff") if s is State.BACKOFF:
+            # BACKOFF -> PREPARING
+            return _prepare(core, "backoff elapsed")
+
+        case ServerExited(status=status, diagnosis=diagnosis) if s in (State.STARTING, State.READY):
+            # STARTING/READY -> BACKOFF or GAVE_UP: any exit we did not ask for is a crash
+            return _after_failure(core, ctx, diagnosis=diagnosis, status=status)
+
+        case ServerExited(diagnosis=diagnosis) if s is State.RESTARTING:
+            # RESTARTING -> BACKOFF (or GAVE_UP): the stop we asked for is done
+            cause = core.pending or Cause.OTHER
+            ours = Diagnosis(
+                cause=cause,
+                phase=core.phase,
+                evidence=(core.pending_detail,),
+            )
+            return _after_failure(
+                core, ctx, diagnosis=ours, status=None, immediate=cause is Cause.HEADROOM_LOW
+            )
+
+        case ServerExited(status=status) if s is State.STOPPING:
+            # STOPPING -> STOPPED
+            new, actions = _transition(core, State.STOPPED, core.reason, pid=None)
+            return new, [
+                *actions,
+                Emit("server_stopped", {"reason": core.reason, "exit_code": status.code,
+                                        "signal": status.signal}),
+                Exit(0),
+            ]
+
+        case GpuLost(detail=detail) if s not in (State.GAVE_UP, State.STOPPED, State.STOPPING):
+            new, actions = _give_up(core, f"{Cause.GPU_HW_ERROR.summary}: {detail}", str(Cause.GPU_HW_ERROR))
+            # A server may be up (or its launch in flight, pid not yet known): stop it, and keep
+            # its pid so that a stop request waits for its exit (GAVE_UP -> STOPPING).
+            if core.pid is not None or s is State.STARTING:
+                actions.append(StopServer(cfg.server.stop_grace_s, str(Cause.GPU_HW_ERROR)))
+            return replace(new, pid=core.pid), actions
+
+        case StopRequested(reason=reason):
+            if s in (State.STARTING, State.READY, State.RESTARTING) or (
+                s is State.GAVE_UP and core.pid is not None
+            ):
+                # STARTING/READY/RESTARTING -> STOPPING
+                new, actions = _transition(core, State.STOPPING, reason)
+                return new, [
+                    CancelTimer("probe"),
+                    CancelTimer("startup"),
+                    CancelTimer("stable"),
+                    *actions,
+                    StopServer(cfg.server.stop_grace_s, reason),
+                ]
+            if s is State.STOPPING:
+                return core, []
+            # PREPARING/BACKOFF/GAVE_UP/STOPPED -> STOPPED: no server to stop
+            new, actions = _transition(core, State.STOPPED, reason, pid=None)
+            return new, [CancelTimer("backoff"), *actions, Exit(0)]
+
+        case ServerExited() if s is State.GAVE_UP:
+            return replace(core, pid=None), [Persist()]
+
+    return core, []  # an event that means nothing in this state (e.g. a late probe)

@@ -1,0 +1,124 @@
+"""The state directory: learned state, the live server's process group, a lock.
+
+- ``state.json`` is written atomically (temp file, fsync, rename). A corrupt file is moved
+  aside with a warning and the daemon starts from the config, never crashes.
+- ``daemon.lock`` is held (flock) while a daemon runs on this state directory, so two
+  daemons can never drive two servers onto the same GPUs.
+- Write failures (read-only or full disk) raise ``StoreError``; the daemon logs them once
+  and keeps supervising with the state in memory.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+STATE_FILE = "state.json"
+LOCK_FILE = "daemon.lock"
+
+
+class StoreError(Exception):
+    """The state directory could not be read or written."""
+
+
+class StateStore:
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.dir = Path(directory)
+        self.path = self.dir / STATE_FILE
+        self._lock_fd: int | None = None
+
+    # -- lock -------------------------------------------------------------------------------
+
+    def acquire(self) -> None:
+        """Take the daemon lock; StoreError names the holder when another daemon runs."""
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StoreError(f"{self.dir}: cannot open the lock file: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise StoreError(
+                f"{self.dir}: another sglang-supervisor (pid {holder}) runs on this state "
+                "directory; refusing to start a second server on the same GPUs"
+            ) from None
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError:
+            pass  # a full disk must not stop us from holding the lock
+        self._lock_fd = fd
+
+    def release(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def locked_by_other(self) -> bool:
+        """True when a running daemon holds the lock (for ``status``)."""
+        try:
+            fd = os.open(self.dir / LOCK_FILE, os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+
+    # -- state ------------------------------------------------------------------------------
+
+    def load(self, *, move_aside: bool = True) -> tuple[dict[str, Any] | None, str | None]:
+        """(state, warning). A missing file is (None, None); a corrupt one is moved aside
+        (only by the daemon: readers such as ``status`` pass ``move_aside=False``)."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return None, None
+        except OSError as exc:
+            return None, f"{self.path}: cannot read ({exc.strerror}); starting from the config"
+        try:
+            data = json.loads(raw)
+            if not isinstance(data, dict) or data.get("version") != 1:
+                raise ValueError("not a version-1 state object")
+            return data, None
+        except ValueError as exc:
+            if not move_aside:
+                return None, f"{self.path}: corrupt ({exc})"
+            aside = self.path.with_name(f"{STATE_FILE}.corrupt-{int(time.time())}")
+            try:
+                os.replace(self.path, aside)
+                where = f"moved to {aside}"
+            except OSError as move_exc:
+                where = f"could not move it aside: {move_exc.strerror}"
+            return None, f"{self.path}: corrupt ({exc}); {where}; starting from the config"
+
+    def save(self, data: dict[str, Any]) -> None:
+        payload = json.dumps({"version": 1, **data}, indent=1, sort_keys=True).encode()
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".state-", suffix=".tmp")
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot write: {exc.strerror}") from None
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(payload)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise StoreError(f"{self.path}: cannot write: {exc.strerror}") from None
