@@ -1,0 +1,241 @@
+"""Clearing stale servers of ours before a launch, and reporting foreign GPU holders.
+
+After a crash SGLang's schedulers can outlive their parent (reparented to PID 1) and keep
+~100 GB per GPU. Before every launch the daemon finds them (``find_stale``) and kills them
+(``kill_stale``). A process is *ours* when it is in the process group we recorded for the
+last server we launched, or when it looks like an SGLang server part (``sglang::scheduler*``,
+``sglang::detokenizer``, ``sglang::data_parallel_controller``, an ``sglang.launch_server``
+or ``sglang serve`` command line) or our simulator (``-m supervisor.simulator``) **and**
+holds one of our GPUs or listens on our port. Title matches alone are not enough: another
+team's SGLang on other GPUs of the same host must survive our restart.
+
+Anything else holding our GPUs is *foreign*: reported, and killed only when asked
+(``[gpu] kill_foreign``). A pid the GPU reports that does not exist in our ``/proc`` (a
+process in another container's pid namespace) is foreign and never signalled. Our own
+process and its ancestors are never touched.
+
+``find_stale`` and ``kill_stale``'s work are blocking psutil calls: the async entry points
+(``scan_stale``, ``kill_stale``) run them in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+import psutil
+
+SGLANG_TITLES = ("sglang::scheduler", "sglang::detokenizer", "sglang::data_parallel_controller")
+SIMULATOR_MODULE = "supervisor.simulator"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcInfo:
+    """A process found holding our GPUs/port or in our process group."""
+
+    pid: int
+    name: str = ""
+    cmdline: str = ""
+    create_time: float | None = None  # None: not visible in our /proc (another pid namespace)
+    reason: str = ""  # why it is ours, or "gpu" / "unknown pid" for foreign ones
+
+    @property
+    def visible(self) -> bool:
+        return self.create_time is not None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"pid": self.pid, "name": self.name, "cmdline": self.cmdline, "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
+class StaleReport:
+    ours: list[ProcInfo] = field(default_factory=list)
+    foreign: list[ProcInfo] = field(default_factory=list)
+
+
+def server_kind(cmdline: Sequence[str], name: str = "") -> str | None:
+    """Why this command line is an SGLang server part or our simulator; None if it is not (pure)."""
+    text = " ".join(cmdline)
+    for title in SGLANG_TITLES:
+        if text.startswith(title) or name.startswith(title[:15]):  # comm is cut to 15 chars
+            return title
+    args = list(cmdline)
+    for a, b in zip(args, args[1:], strict=False):
+        if a == "-m" and b in (SIMULATOR_MODULE, "sglang.launch_server"):
+            return b
+        if os.path.basename(a) == "sglang" and b == "serve":
+            return "sglang serve"
+    if any(a.endswith("sglang/launch_server.py") for a in args):
+        return "sglang.launch_server"
+    return None
+
+
+def _protected(own_pid: int) -> set[int]:
+    """Our own process, its ancestors, and the kernel's/init's pids."""
+    keep = {0, 1, own_pid}
+    try:
+        keep.update(p.pid for p in psutil.Process(own_pid).parents())
+    except psutil.Error:
+        pass
+    return keep
+
+
+def _listeners(port: int) -> set[int]:
+    pids: set[int] = set()
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return pids
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+            pids.add(c.pid)
+    return pids
+
+
+def find_stale(
+    *,
+    recorded_pgid: int | None,
+    gpu_pids: Collection[int],
+    own_pid: int,
+    port: int | None = None,
+    recorded_since: float | None = None,
+) -> StaleReport:
+    """Processes of an earlier server of ours, and foreign holders of our GPUs (blocking).
+
+    ``recorded_pgid``: the process group of the last server we launched (its leader's pid,
+    since we start it in a new session). ``recorded_since``: that launch's wall-clock time;
+    when given, a process in that group created before it is not ours (the pgid was
+    reused after a reboot). ``gpu_pids``: pids the probe saw on our GPUs. ``port``: the
+    server port; an SGLang-looking listener on it is ours.
+    """
+    protected = _protected(own_pid)
+    own_pgid = _pgid(own_pid)
+    pgid = recorded_pgid if recorded_pgid and recorded_pgid > 1 and recorded_pgid != own_pgid else None
+    gpu = set(gpu_pids)
+    listening = _listeners(port) if port else set()
+
+    ours: list[ProcInfo] = []
+    seen: set[int] = set()
+    for p in psutil.process_iter(["name", "cmdline", "create_time", "status"]):
+        if p.pid in protected or p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue  # a zombie holds nothing and cannot be killed again
+        try:
+            argv = p.info["cmdline"] or []
+            info = ProcInfo(p.pid, p.info["name"] or "", " ".join(argv), p.info["create_time"])
+            reason = _why_ours(p.pid, argv, info, pgid, recorded_since, gpu | listening)
+        except psutil.Error:
+            continue
+        if reason:
+            ours.append(_with(info, reason))
+            seen.add(p.pid)
+
+    foreign = [_describe_foreign(pid) for pid in sorted(gpu - seen - protected)]
+    return StaleReport(ours, foreign)
+
+
+def _why_ours(
+    pid: int, argv: Sequence[str], info: ProcInfo, pgid: int | None, since: float | None,
+    holders: set[int],
+) -> str | None:
+    if pgid is not None and _pgid(pid) == pgid:
+        if since is None or (info.create_time or 0.0) >= since - 1.0:
+            return f"process group {pgid}"
+    kind = server_kind(argv, info.name)
+    if kind and pid in holders:
+        return kind
+    return None
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _with(info: ProcInfo, reason: str) -> ProcInfo:
+    return ProcInfo(info.pid, info.name, info.cmdline, info.create_time, reason)
+
+
+def _describe_foreign(pid: int) -> ProcInfo:
+    try:
+        p = psutil.Process(pid)
+        with p.oneshot():
+            return ProcInfo(pid, p.name(), " ".join(p.cmdline()), p.create_time(), "gpu")
+    except psutil.NoSuchProcess:
+        return ProcInfo(pid, reason="unknown pid (another pid namespace?)")
+    except psutil.Error:
+        return ProcInfo(pid, reason="gpu (details not readable)", create_time=0.0)
+
+
+async def scan_stale(
+    *,
+    recorded_pgid: int | None,
+    gpu_pids: Collection[int],
+    own_pid: int,
+    port: int | None = None,
+    recorded_since: float | None = None,
+) -> StaleReport:
+    """``find_stale`` in a worker thread."""
+    return await asyncio.to_thread(
+        lambda: find_stale(
+            recorded_pgid=recorded_pgid, gpu_pids=gpu_pids, own_pid=own_pid,
+            port=port, recorded_since=recorded_since,
+        )
+    )
+
+
+async def kill_stale(
+    report: StaleReport,
+    *,
+    grace_s: float,
+    kill_foreign: bool = False,
+    own_pid: int | None = None,
+    kill_wait_s: float = 10.0,
+) -> list[int]:
+    """SIGTERM the stale processes, SIGKILL what is left after ``grace_s``; the pids now gone.
+
+    Foreign processes only with ``kill_foreign`` and only when visible in our ``/proc``.
+    Never our own process or its ancestors. A process whose pid now belongs to a newer
+    process (create time differs), or that we may not signal, is left alone: it is simply
+    not in the returned list. Runs in a worker thread.
+    """
+    targets = [*report.ours, *(report.foreign if kill_foreign else [])]
+    return await asyncio.to_thread(
+        _terminate, targets, grace_s, kill_wait_s, _protected(own_pid or os.getpid())
+    )
+
+
+def _terminate(targets: list[ProcInfo], grace_s: float, kill_wait_s: float, protected: set[int]) -> list[int]:
+    procs: list[psutil.Process] = []
+    for t in targets:
+        if t.pid in protected or not t.visible:
+            continue
+        try:
+            p = psutil.Process(t.pid)
+            if t.create_time and abs(p.create_time() - t.create_time) > 1.0:
+                continue  # the pid was reused: not the process we found
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            p.send_signal(signal.SIGTERM)
+            procs.append(p)
+        except psutil.Error:
+            continue  # gone already, or not ours to signal (AccessDenied): not reported as killed
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=kill_wait_s)
+    return [p.pid for p in procs if not _exists(p)]
+
+
+def _exists(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

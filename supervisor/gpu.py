@@ -1,0 +1,596 @@
+"""GPU probe: per-GPU memory and the compute processes on each card.
+
+Three backends, chosen by ``[gpu] backend``:
+
+- ``nvml``: the NVIDIA driver through ``nvidia-ml-py`` (imported as ``pynvml``). Every
+  NVML call runs in a worker thread, bounded by ``call_timeout_s``; ``nvmlInit`` is lazy
+  and retried after a failure, so a host whose driver comes up late recovers by itself.
+- ``simulated``: the simulator's per-rank memory files (``supervisor.simgpu``).
+- ``none``: no GPU knowledge at all (``sample`` returns ``[]``).
+
+Every failure surfaces as one ``GpuProbeError`` with a one-line ``str``: ``lost`` marks a
+GPU that has fallen off the bus (cause ``gpu_hw_error``: a restart cannot fix it), and
+``unavailable`` marks a host where NVML cannot work at all (no library, no driver, no
+package): the daemon runs degraded instead of crashing.
+
+Also here: the pure helpers that decide whether memory has been released
+(``gpus_released``), the wait for it (``wait_until_released``), and ``GpuWatch``/
+``GpuMonitor``, which sample while serving and warn once per low-memory episode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from supervisor import simgpu
+from supervisor.config import GpuConfig
+
+GIB = 1024**3
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A compute process on a GPU. ``used_bytes`` is None when the driver does not say."""
+
+    pid: int
+    used_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """One GPU's memory as the probe saw it."""
+
+    index: int
+    uuid: str
+    name: str
+    total_bytes: int
+    free_bytes: int
+    used_bytes: int
+    processes: tuple[GpuProcess, ...] = ()
+
+    @property
+    def free_share(self) -> float:
+        return self.free_bytes / self.total_bytes if self.total_bytes > 0 else 0.0
+
+    def describe(self) -> str:
+        """``GPU 0 (GPU-5151...): 12.0 of 141.0 GiB free (9%); held by pid 4242 (100.0 GiB)``."""
+        held = ", ".join(
+            f"pid {p.pid} ({_gib(p.used_bytes)})" if p.used_bytes is not None else f"pid {p.pid}"
+            for p in self.processes
+        )
+        return (
+            f"GPU {self.index} ({self.uuid}): {self.free_bytes / GIB:.1f} of "
+            f"{self.total_bytes / GIB:.1f} GiB free ({self.free_share:.0%})"
+            + (f"; held by {held}" if held else "")
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "uuid": self.uuid,
+            "name": self.name,
+            "total_bytes": self.total_bytes,
+            "free_bytes": self.free_bytes,
+            "used_bytes": self.used_bytes,
+            "processes": [{"pid": p.pid, "used_bytes": p.used_bytes} for p in self.processes],
+        }
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+class GpuProbeError(Exception):
+    """The probe could not read the GPUs. ``str()`` is one line for the log.
+
+    ``lost``: a GPU has fallen off the bus or needs a reset (cause ``gpu_hw_error``).
+    ``unavailable``: the backend cannot work on this host (no library/driver/package);
+    waiting will not help, so callers run degraded rather than wait for it.
+    """
+
+    def __init__(self, message: str, *, lost: bool = False, unavailable: bool = False) -> None:
+        super().__init__(message)
+        self.lost = lost
+        self.unavailable = unavailable
+
+
+class GpuProbe(Protocol):
+    """What the daemon needs from a GPU backend."""
+
+    async def sample(self) -> list[GpuInfo]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _Worker:
+    """Runs one blocking call at a time in a daemon thread, bounded by a timeout.
+
+    Not ``asyncio.to_thread``: the default executor's threads are joined at interpreter
+    exit and shared with everything else, so one NVML call stuck in the driver would hang
+    the daemon's shutdown and, repeated every interval, eat the pool. Here a call that
+    overruns is abandoned (its thread is a daemon thread) and later calls fail fast until
+    it returns, so at most one thread is ever stuck.
+    """
+
+    def __init__(self, what: str, timeout_s: float) -> None:
+        self._what = what
+        self._timeout_s = timeout_s
+        self._lock = asyncio.Lock()
+        self._pending: asyncio.Future[Any] | None = None
+        self._pending_since = 0.0
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        async with self._lock:
+            loop = asyncio.get_running_loop()
+            if self._pending is not None and not self._pending.done():
+                raise GpuProbeError(
+                    f"{self._what}: an earlier call has not returned for "
+                    f"{loop.time() - self._pending_since:.0f} s (stuck in the driver?)"
+                )
+            fut: asyncio.Future[T] = loop.create_future()
+            fut.add_done_callback(_consume_exception)
+
+            def settle(ok: bool, value: Any) -> None:
+                if fut.done():
+                    return
+                if ok:
+                    fut.set_result(value)
+                else:
+                    fut.set_exception(value)
+
+            def work() -> None:
+                try:
+                    result: tuple[bool, Any] = (True, fn())
+                except Exception as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+                    result = (False, exc)
+                try:
+                    loop.call_soon_threadsafe(settle, *result)
+                except RuntimeError:
+                    pass  # the loop closed while the call was stuck: nobody is waiting
+
+            self._pending, self._pending_since = fut, loop.time()
+            threading.Thread(target=work, name=f"{self._what}-call", daemon=True).start()
+            try:
+                return await asyncio.wait_for(asyncio.shield(fut), self._timeout_s)
+            except TimeoutError:
+                raise GpuProbeError(
+                    f"{self._what}: no answer within {self._timeout_s:g} s"
+                ) from None
+
+
+def _consume_exception(fut: asyncio.Future[Any]) -> None:
+    # An abandoned (timed-out) call may end in an exception nobody awaits: mark it read.
+    if not fut.cancelled():
+        fut.exception()
+
+
+# --------------------------------------------------------------------------- backends
+
+
+class NoneProbe:
+    """``backend = "none"``: no GPU knowledge."""
+
+    async def sample(self) -> list[GpuInfo]:
+        return []
+
+    async def aclose(self) -> None:
+        return None
+
+
+class SimulatedProbe:
+    """``backend = "simulated"``: reads the simulator's GPU directory (``supervisor.simgpu``)."""
+
+    def __init__(
+        self, sim_dir: str | os.PathLike[str], indices: Sequence[int] = (), call_timeout_s: float = 5.0
+    ) -> None:
+        self._dir = os.fspath(sim_dir)
+        self._indices = tuple(indices)
+        self._worker = _Worker("simulated GPU", call_timeout_s)
+
+    async def sample(self) -> list[GpuInfo]:
+        return await self._worker.call(self._read)
+
+    def _read(self) -> list[GpuInfo]:
+        try:
+            gpus = simgpu.read_gpus(self._dir)
+        except FileNotFoundError:
+            raise GpuProbeError(
+                f"simulated GPU: {self._dir} has no {simgpu.GPUS_FILE}", unavailable=True
+            ) from None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise GpuProbeError(f"simulated GPU: cannot read {self._dir}: {exc}") from None
+        wanted = set(self._indices)
+        return [
+            GpuInfo(
+                index=g.index,
+                uuid=g.uuid,
+                name=g.name,
+                total_bytes=g.total_bytes,
+                free_bytes=g.free_bytes,
+                used_bytes=g.used_bytes,
+                processes=tuple(GpuProcess(pid, used) for pid, used in g.processes),
+            )
+            for g in gpus
+            if not wanted or g.index in wanted
+        ]
+
+    async def aclose(self) -> None:
+        return None
+
+
+# NVML error class name -> hint for the one log line. Class names as pynvml generates them.
+_NVML_HINTS = {
+    "NVMLError_LibraryNotFound": "libnvidia-ml.so.1 not found: no NVIDIA driver on this host, "
+    "or it is not mounted into the container",
+    "NVMLError_DriverNotLoaded": "the NVIDIA kernel driver is not loaded",
+    "NVMLError_NoPermission": "no permission to query the GPU",
+    "NVMLError_LibRmVersionMismatch": "NVML library and kernel driver versions differ "
+    "(driver upgraded without a reboot?)",
+    "NVMLError_GpuIsLost": "the GPU has fallen off the bus: it needs a GPU reset or a reboot",
+    "NVMLError_ResetRequired": "the GPU needs a reset",
+    "NVMLError_Timeout": "NVML timed out",
+}
+# Nothing will change by waiting: the daemon runs degraded.
+_NVML_UNAVAILABLE = {"NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded",
+                     "NVMLError_LibRmVersionMismatch", "NVMLError_NoPermission"}
+# The card itself is gone: a human must reset it (cause gpu_hw_error).
+_NVML_LOST = {"NVMLError_GpuIsLost", "NVMLError_ResetRequired"}
+# Per-device queries that some GPUs/drivers (MIG, vGPU) do not support: not an error.
+_NVML_OPTIONAL = {"NVMLError_NotSupported", "NVMLError_FunctionNotFound", "NVMLError_NoPermission"}
+
+
+def _nvml_error(exc: BaseException, where: str) -> GpuProbeError:
+    kind = type(exc).__name__
+    text = str(exc)
+    lost = kind in _NVML_LOST or "fallen off the bus" in text.lower()
+    hint = _NVML_HINTS.get(kind, "")
+    message = f"nvml: {where}: {kind}: {text}" + (f" ({hint})" if hint else "")
+    return GpuProbeError(message, lost=lost, unavailable=kind in _NVML_UNAVAILABLE)
+
+
+def parse_visible_devices(value: str | None) -> list[int | str] | None:
+    """CUDA_VISIBLE_DEVICES as CUDA reads it: indices and/or (prefixes of) GPU/MIG uuids.
+
+    ``None`` when unset (all GPUs); ``[]`` when set but empty or starting with an invalid
+    entry. Like CUDA, entries after the first invalid one are ignored.
+    """
+    if value is None:
+        return None
+    out: list[int | str] = []
+    for token in (t.strip() for t in value.split(",")):
+        if token.isdigit():
+            out.append(int(token))
+        elif token.startswith(("GPU-", "MIG-")):
+            out.append(token)
+        else:
+            break  # "", "-1", "NoDevFiles": CUDA stops reading here
+    return out
+
+
+class NvmlProbe:
+    """``backend = "nvml"``: the NVIDIA driver through ``pynvml``.
+
+    The GPUs are the configured NVML ``indices``, else ``CUDA_VISIBLE_DEVICES`` (integers
+    are taken as NVML indices, which match CUDA's only with CUDA_DEVICE_ORDER=PCI_BUS_ID;
+    uuids are exact), else all. A whole sample is one worker-thread call bounded by
+    ``call_timeout_s``.
+    """
+
+    def __init__(
+        self,
+        indices: Sequence[int] = (),
+        call_timeout_s: float = 5.0,
+        *,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self._indices = tuple(indices)
+        env = os.environ if environ is None else environ
+        self._visible = None if self._indices else parse_visible_devices(env.get("CUDA_VISIBLE_DEVICES"))
+        self._worker = _Worker("nvml", call_timeout_s)
+        self._nvml: Any = None  # the pynvml module once nvmlInit succeeded
+
+    async def sample(self) -> list[GpuInfo]:
+        return await self._worker.call(self._sample)
+
+    async def aclose(self) -> None:
+        if self._nvml is None:
+            return
+        try:
+            await self._worker.call(self._shutdown)
+        except GpuProbeError:
+            pass  # closing: a driver that cannot shut down is not worth a log line here
+
+    # ---- everything below runs in the worker thread
+
+    def _shutdown(self) -> None:
+        nvml, self._nvml = self._nvml, None
+        if nvml is not None:
+            try:
+                nvml.nvmlShutdown()
+            except Exception:  # noqa: BLE001 - best effort at close
+                pass
+
+    def _init(self) -> Any:
+        if self._nvml is not None:
+            return self._nvml
+        try:
+            nvml = importlib.import_module("pynvml")
+        except ImportError:
+            raise GpuProbeError(
+                "nvml: the nvidia-ml-py package (pynvml) is not installed", unavailable=True
+            ) from None
+        try:
+            nvml.nvmlInit()
+        except Exception as exc:  # noqa: BLE001 - NVMLError and friends, mapped below
+            raise _nvml_error(exc, "nvmlInit") from None
+        self._nvml = nvml
+        return nvml
+
+    def _sample(self) -> list[GpuInfo]:
+        nvml = self._init()
+        try:
+            return [self._read(nvml, index, handle) for index, handle in self._handles(nvml)]
+        except GpuProbeError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - NVMLError and friends, mapped below
+            if type(exc).__name__ == "NVMLError_Uninitialized":
+                self._nvml = None  # someone shut NVML down: init again next time
+            raise _nvml_error(exc, "sample") from None
+
+    def _handles(self, nvml: Any) -> list[tuple[int, Any]]:
+        if self._indices:
+            return [(i, nvml.nvmlDeviceGetHandleByIndex(i)) for i in self._indices]
+        every = [(i, nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(nvml.nvmlDeviceGetCount())]
+        if self._visible is None:
+            return every
+        by_index = dict(every)
+        uuids = {i: _text(nvml.nvmlDeviceGetUUID(h)) for i, h in every} if any(
+            isinstance(v, str) for v in self._visible
+        ) else {}
+        chosen: list[tuple[int, Any]] = []
+        for entry in self._visible:
+            if isinstance(entry, int):
+                match = [entry] if entry in by_index else []
+            else:
+                match = [i for i, u in uuids.items() if u.startswith(entry)]
+            if len(match) != 1:
+                raise GpuProbeError(
+                    f"nvml: CUDA_VISIBLE_DEVICES entry {entry!r} matches "
+                    f"{'no' if not match else 'more than one'} GPU",
+                    unavailable=True,
+                )
+            chosen.append((match[0], by_index[match[0]]))
+        return chosen
+
+    def _read(self, nvml: Any, index: int, handle: Any) -> GpuInfo:
+        try:
+            mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        except Exception as exc:  # noqa: BLE001 - mapped with the GPU named
+            raise _nvml_error(exc, f"GPU {index}") from None
+        return GpuInfo(
+            index=index,
+            uuid=uuid,
+            name=_optional(lambda: _text(nvml.nvmlDeviceGetName(handle)), ""),
+            total_bytes=int(mem.total),
+            free_bytes=int(mem.free),
+            used_bytes=int(mem.used),
+            processes=_optional(lambda: _processes(nvml.nvmlDeviceGetComputeRunningProcesses(handle)), ()),
+        )
+
+
+def _processes(entries: Sequence[Any]) -> tuple[GpuProcess, ...]:
+    # usedGpuMemory is None when the driver cannot tell (WDDM, some containers/MIG).
+    return tuple(
+        GpuProcess(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory))
+        for p in entries
+    )
+
+
+def _optional(read: Callable[[], T], default: T) -> T:
+    """A per-device query some GPUs do not support: its absence is not an error."""
+    try:
+        return read()
+    except Exception as exc:
+        if type(exc).__name__ in _NVML_OPTIONAL:
+            return default
+        raise
+
+
+def _text(value: str | bytes) -> str:
+    # nvidia-ml-py returns str; older pynvml releases returned bytes.
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def make_probe(cfg: GpuConfig) -> GpuProbe:
+    """The backend ``[gpu] backend`` names."""
+    if cfg.backend == "nvml":
+        return NvmlProbe(cfg.indices, cfg.call_timeout_s)
+    if cfg.backend == "simulated":
+        return SimulatedProbe(cfg.sim_dir, cfg.indices, cfg.call_timeout_s)
+    return NoneProbe()
+
+
+# --------------------------------------------------------------------------- release
+
+
+def gpus_released(gpus: Sequence[GpuInfo], min_free_share: float) -> bool:
+    """True when every GPU has at least ``min_free_share`` of its memory free (pure)."""
+    return all(g.free_bytes >= min_free_share * g.total_bytes for g in gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseResult:
+    """How a wait for GPU memory ended. ``error`` is set when the probe itself failed."""
+
+    ok: bool
+    waited_s: float
+    gpus: list[GpuInfo] = field(default_factory=list)
+    error: GpuProbeError | None = None
+
+    def describe(self, min_free_share: float) -> str:
+        """One line for the log/alert: the per-GPU numbers of the cards still held."""
+        if self.error is not None:
+            return f"GPU probe failed: {self.error}"
+        held = [g for g in self.gpus if g.free_bytes < min_free_share * g.total_bytes]
+        if not held:
+            return "all GPUs free"
+        return (
+            f"GPU memory not released after {self.waited_s:.0f} s (needs {min_free_share:.0%} free; "
+            "needs a GPU reset): " + "; ".join(g.describe() for g in held)
+        )
+
+    def stuck_fields(self, timeout_s: float) -> dict[str, Any]:
+        """Fields of the ``gpu_memory_stuck`` event."""
+        return {
+            "gpus": [
+                {"index": g.index, "uuid": g.uuid, "free_bytes": g.free_bytes, "total_bytes": g.total_bytes}
+                for g in self.gpus
+            ],
+            "timeout_s": timeout_s,
+        }
+
+
+async def wait_until_released(
+    probe: GpuProbe,
+    *,
+    min_free_share: float,
+    timeout_s: float,
+    poll_s: float = 1.0,
+    clock: Callable[[], float] | None = None,
+    sleep: Callable[[float], Any] = asyncio.sleep,
+) -> ReleaseResult:
+    """Poll ``probe`` until every GPU is free enough or ``timeout_s`` passes.
+
+    ``ok=False`` with ``error=None`` means memory stayed held (cause ``gpu_memory_stuck``,
+    numbers in ``gpus``). A probe error that cannot pass by waiting (``lost`` or
+    ``unavailable``) returns at once with ``error`` set; a transient one is retried until
+    the deadline. With no GPUs to watch (backend ``none``) it is ``ok`` at once.
+    """
+    now = clock or asyncio.get_running_loop().time
+    start = now()
+    last: list[GpuInfo] = []
+    while True:
+        error: GpuProbeError | None = None
+        try:
+            last = await probe.sample()
+        except GpuProbeError as exc:
+            error = exc
+            if exc.lost or exc.unavailable:
+                return ReleaseResult(False, now() - start, last, exc)
+        if error is None and gpus_released(last, min_free_share):
+            return ReleaseResult(True, now() - start, last)
+        remaining = start + timeout_s - now()
+        if remaining <= 0:
+            return ReleaseResult(False, now() - start, last, error)
+        await sleep(min(poll_s, remaining))
+
+
+# --------------------------------------------------------------------------- monitor
+
+
+@dataclass
+class GpuWatch:
+    """Pure bookkeeping for sampling while serving: which events a sample calls for.
+
+    ``gpu_low_free`` fires once when a GPU's free memory drops below ``low_free_bytes`` and
+    re-arms only after it climbs back above ``rearm_bytes`` (hysteresis, so a card hovering
+    at the threshold does not warn every interval). ``gpu_probe_error`` fires once per
+    episode of failures; a good sample ends the episode.
+    """
+
+    low_free_bytes: int
+    rearm_bytes: int = 0
+    _low: set[int] = field(default_factory=set, init=False)
+    _failing: str | None = field(default=None, init=False)  # None | "error" | "lost"
+
+    def __post_init__(self) -> None:
+        if self.rearm_bytes < self.low_free_bytes:
+            self.rearm_bytes = self.low_free_bytes + max(self.low_free_bytes // 2, 256 * 1024**2)
+
+    @property
+    def degraded(self) -> bool:
+        return self._failing is not None
+
+    def observe(self, gpus: Sequence[GpuInfo]) -> list[tuple[str, dict[str, Any]]]:
+        events: list[tuple[str, dict[str, Any]]] = [
+            ("gpu_sample", {"gpus": [_sample_fields(g) for g in gpus]})
+        ]
+        if self._failing is not None:
+            self._failing = None
+            events.append(("gpu_probe_error", {"error": None, "degraded": False, "lost": False}))
+        for g in gpus:
+            if g.index not in self._low and g.free_bytes < self.low_free_bytes:
+                self._low.add(g.index)
+                events.append(("gpu_low_free", {
+                    "index": g.index, "uuid": g.uuid, "free_bytes": g.free_bytes,
+                    "threshold_bytes": self.low_free_bytes,
+                }))
+            elif g.index in self._low and g.free_bytes > self.rearm_bytes:
+                self._low.discard(g.index)
+        return events
+
+    def observe_error(self, error: GpuProbeError) -> list[tuple[str, dict[str, Any]]]:
+        state = "lost" if error.lost else "error"
+        if self._failing == state:
+            return []
+        self._failing = state
+        return [("gpu_probe_error", {"error": str(error), "degraded": True, "lost": error.lost})]
+
+
+def _sample_fields(g: GpuInfo) -> dict[str, Any]:
+    return {"index": g.index, "uuid": g.uuid, "total_bytes": g.total_bytes,
+            "free_bytes": g.free_bytes, "used_bytes": g.used_bytes}
+
+
+class GpuMonitor:
+    """Samples the probe every ``interval_s`` while serving and emits what ``GpuWatch`` says.
+
+    ``emit(event, fields)`` must not block (an ``EventSink.emit``). ``on_lost`` is called once
+    with the error when a GPU is lost, so the daemon can give up with ``gpu_hw_error``.
+    Run ``run()`` as a task; cancel it to stop. ``last`` holds the latest good sample.
+    """
+
+    def __init__(
+        self,
+        probe: GpuProbe,
+        *,
+        interval_s: float,
+        low_free_bytes: int,
+        emit: Callable[[str, Mapping[str, Any]], None],
+        on_lost: Callable[[GpuProbeError], None] | None = None,
+        sleep: Callable[[float], Any] = asyncio.sleep,
+    ) -> None:
+        self._probe = probe
+        self._interval_s = interval_s
+        self._emit = emit
+        self._on_lost = on_lost
+        self._sleep = sleep
+        self.watch = GpuWatch(low_free_bytes)
+        self.last: list[GpuInfo] = []
+
+    async def tick(self) -> None:
+        """One sample and its events."""
+        try:
+            gpus = await self._probe.sample()
+        except GpuProbeError as exc:
+            events = self.watch.observe_error(exc)
+            if events and exc.lost and self._on_lost is not None:
+                self._on_lost(exc)
+        else:
+            self.last = gpus
+            events = self.watch.observe(gpus)
+        for name, fields in events:
+            self._emit(name, fields)
+
+    async def run(self) -> None:
+        while True:
+            await self.tick()
+            await self._sleep(self._interval_s)

@@ -1,0 +1,301 @@
+"""Preflight: the checks run before every launch, and ``sglang-supervisor preflight``.
+
+The checks are pure functions of facts (``check_*`` return a ``Check``); ``run_preflight``
+gathers the facts (GPU probe, ``psutil.virtual_memory``, a bind test on the port, the model
+path) and ``run`` is the CLI command, which also finds our stale servers (``cleanup``) so
+that a port they hold does not fail the check. ``permanent`` marks a failure that waiting cannot fix
+(config arithmetic): the daemon gives up on it, and retries on the backoff otherwise.
+
+Units: ``--hicache-size`` is in GB of 10^9 bytes per TP rank, as SGLang reads it, so host
+RAM is reported in the same GB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import errno
+import json
+import os
+import socket
+from collections.abc import Collection, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from supervisor.cleanup import scan_stale
+from supervisor.config import Config, ServerConfig
+from supervisor.gpu import GpuProbe, GpuProbeError, make_probe
+
+GB = 10**9
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One preflight check: its verdict, a one-line detail, and whether waiting can change it."""
+
+    name: str
+    ok: bool
+    detail: str
+    permanent: bool = False
+
+
+def _n(x: float) -> str:
+    """A number of GB as people write it: 2400, 449, 25, 0.5."""
+    return f"{x:.0f}" if x >= 10 or abs(x - round(x)) < 0.05 else f"{x:.1f}"
+
+
+# --------------------------------------------------------------------------- pure checks
+
+
+def check_gpu_count(visible: int, tp_size: int, dp_size: int, ranks_on_host: int | None = None) -> Check:
+    """Enough GPUs for the ranks this host runs (tp × dp, or fewer with several nodes)."""
+    needed = ranks_on_host if ranks_on_host is not None else tp_size * dp_size
+    arithmetic = f"tp {tp_size} × dp {dp_size}" + ("" if needed == tp_size * dp_size else " on this node")
+    if visible >= needed:
+        return Check("gpu_count", True, f"{visible} GPUs visible; {arithmetic} needs {needed}")
+    return Check(
+        "gpu_count", False,
+        f"{arithmetic} needs {needed} GPUs; only {visible} visible", permanent=True,
+    )
+
+
+def check_host_ram(
+    hicache_size_gb: float,
+    ranks_on_host: int,
+    available_bytes: int,
+    margin_gb: float,
+    total_bytes: int | None = None,
+) -> Check:
+    """The hierarchical cache (GB per rank × ranks) plus a margin must fit in available RAM.
+
+    Permanent when it cannot fit even in the host's total RAM; otherwise other processes
+    may free memory, so it is worth retrying.
+    """
+    if hicache_size_gb <= 0:
+        return Check("host_ram", True, "hicache_size_gb is 0: no fixed hierarchical cache to check")
+    ask = hicache_size_gb * ranks_on_host
+    need = ask + margin_gb
+    available = available_bytes / GB
+    arithmetic = (
+        f"hierarchical cache asks {_n(hicache_size_gb)} GB × {ranks_on_host} ranks = {_n(ask)} GB; "
+        f"this host has {_n(available)} GB available"
+    )
+    if need <= available:
+        return Check("host_ram", True, f"{arithmetic} (keeps a {_n(margin_gb)} GB margin)")
+    fits = int((available - margin_gb) // ranks_on_host)
+    advice = (
+        f"lower hicache_size_gb to at most {fits}" if fits >= 1
+        else "free host memory or turn the hierarchical cache off"
+    )
+    permanent = total_bytes is not None and need > total_bytes / GB
+    return Check(
+        "host_ram", False,
+        f"{arithmetic}, and {_n(need)} GB are needed with the {_n(margin_gb)} GB margin: {advice}",
+        permanent=permanent,
+    )
+
+
+def check_port(
+    host: str,
+    port: int,
+    held_by_our_stale_server: bool,
+    *,
+    bindable: bool,
+    holder: str = "",
+    error: str = "",
+) -> Check:
+    """The port is free, or held by a stale server of ours that is cleared before the launch."""
+    where = f"{host}:{port}"
+    if bindable:
+        return Check("port", True, f"{where} is free")
+    if held_by_our_stale_server:
+        return Check("port", True, f"{where} is held by a stale server of ours ({holder}); it is killed before launch")
+    if error:  # not "in use": an address that is not ours, or a privileged port
+        return Check("port", False, f"cannot bind {where}: {error}", permanent=True)
+    return Check("port", False, f"{where} is in use by another process ({holder or 'unknown holder'})")
+
+
+def looks_local(model_path: str) -> bool:
+    """A path, not a Hugging Face id (``moonshotai/Kimi-K2.5``): starts with /, ./, ../ or ~."""
+    return model_path.startswith(("/", "./", "../", "~")) or model_path in (".", "..")
+
+
+def check_model_path(model_path: str, exists: bool) -> Check:
+    """A local model path must exist; a Hugging Face id is left to SGLang.
+
+    ``exists`` is whether the path (resolved against the server's working directory)
+    exists. A missing path is retryable: network mounts can come up after boot.
+    """
+    if not model_path:
+        return Check("model_path", False, "server.model_path is empty", permanent=True)
+    if exists:
+        return Check("model_path", True, f"{model_path} exists")
+    if looks_local(model_path):
+        return Check("model_path", False, f"{model_path} does not exist (not mounted yet?)")
+    return Check("model_path", True, f"{model_path} is a Hugging Face id (not checked here)")
+
+
+def ranks_on_host(server: ServerConfig) -> int:
+    """Scheduler processes on this node: tp × dp divided over ``--nnodes`` (from extra_args)."""
+    nnodes = 1
+    args = list(server.extra_args)
+    for i, arg in enumerate(args):
+        value = arg.split("=", 1)[1] if arg.startswith("--nnodes=") else (
+            args[i + 1] if arg == "--nnodes" and i + 1 < len(args) else None
+        )
+        if value is not None and value.isdigit() and int(value) >= 1:
+            nnodes = int(value)
+    total = server.tp_size * server.dp_size
+    return -(-total // nnodes)
+
+
+def all_ok(checks: Sequence[Check]) -> bool:
+    return all(c.ok for c in checks)
+
+
+def permanent_failure(checks: Sequence[Check]) -> bool:
+    """True when a failed check cannot pass by waiting: give up instead of retrying."""
+    return any(not c.ok and c.permanent for c in checks)
+
+
+def failed_fields(checks: Sequence[Check]) -> dict[str, Any]:
+    """Fields of the ``preflight_failed`` event."""
+    return {
+        "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks],
+        "permanent": permanent_failure(checks),
+    }
+
+
+def format_table(checks: Sequence[Check]) -> str:
+    """The checks as an aligned text table, one line each."""
+    width = max([len("CHECK"), *(len(c.name) for c in checks)])
+    lines = [f"{'CHECK':<{width}}  RESULT  DETAIL"]
+    lines += [f"{c.name:<{width}}  {'ok' if c.ok else 'FAIL':<6}  {c.detail}" for c in checks]
+    failed = [c for c in checks if not c.ok]
+    if failed:
+        permanent = sum(c.permanent for c in failed)
+        lines.append(
+            f"{len(failed)} check(s) failed"
+            + (f"; {permanent} cannot pass by waiting (fix the config or the host)" if permanent else "")
+        )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- facts (I/O)
+
+
+@dataclass(frozen=True, slots=True)
+class _PortFacts:
+    bindable: bool
+    holders: dict[int, str]  # pid -> name of the listeners on the port
+    error: str = ""  # set when binding failed for another reason than "in use"
+
+
+def _probe_port(host: str, port: int) -> _PortFacts:
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return _PortFacts(False, {}, f"cannot resolve {host!r}: {exc.strerror}")
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        try:
+            s.bind(addr)
+            return _PortFacts(True, {})
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                return _PortFacts(False, {}, exc.strerror or str(exc))
+    return _PortFacts(False, _listeners(port))
+
+
+def _listeners(port: int) -> dict[int, str]:
+    holders: dict[int, str] = {}
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return holders
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+            try:
+                holders[c.pid] = psutil.Process(c.pid).name()
+            except psutil.Error:
+                holders[c.pid] = "?"
+    return holders
+
+
+def _model_exists(cfg: Config) -> bool:
+    path = Path(cfg.server.model_path).expanduser()
+    if not path.is_absolute():
+        path = Path(cfg.server.cwd or cfg.state.dir) / path
+    return path.exists()
+
+
+def _host_facts(cfg: Config) -> tuple[Any, _PortFacts, bool]:
+    return (
+        psutil.virtual_memory(),
+        _probe_port(cfg.server.host, cfg.server.port),
+        bool(cfg.server.model_path) and _model_exists(cfg),
+    )
+
+
+async def _gpu_check(cfg: Config, probe: GpuProbe, ranks: int) -> Check:
+    if cfg.gpu.backend == "none":
+        return Check("gpu_count", True, 'not checked: [gpu] backend = "none"')
+    try:
+        gpus = await probe.sample()
+    except GpuProbeError as exc:
+        return Check("gpu_count", False, f"cannot read the GPUs: {exc}", permanent=exc.lost)
+    return check_gpu_count(len(gpus), cfg.server.tp_size, cfg.server.dp_size, ranks)
+
+
+async def run_preflight(cfg: Config, probe: GpuProbe, *, stale_pids: Collection[int] = ()) -> list[Check]:
+    """Gather the facts and run every check. ``stale_pids``: processes of ours due to be killed."""
+    ranks = ranks_on_host(cfg.server)
+    gpu_check = await _gpu_check(cfg, probe, ranks)
+    mem, port, model_exists = await asyncio.to_thread(_host_facts, cfg)
+    held_by_ours = bool(port.holders) and set(port.holders) <= set(stale_pids)
+    holder = ", ".join(f"pid {pid} {name}" for pid, name in sorted(port.holders.items()))
+    return [
+        gpu_check,
+        check_host_ram(cfg.server.hicache_size_gb, ranks, mem.available, cfg.gpu.host_ram_margin_gb, mem.total),
+        check_port(
+            cfg.server.host, cfg.server.port, held_by_ours, bindable=port.bindable, holder=holder, error=port.error,
+        ),
+        check_model_path(cfg.server.model_path, model_exists),
+    ]
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``sglang-supervisor preflight`` besides ``--config`` (the CLI adds that)."""
+    p.add_argument("--json", action="store_true", help="print the checks as JSON")
+
+
+def run(args: argparse.Namespace, cfg: Config) -> int:
+    """``sglang-supervisor preflight``: print the checks; 0 when all pass, 1 otherwise."""
+    checks = asyncio.run(_cli_checks(cfg))
+    if getattr(args, "json", False):
+        print(json.dumps({"ok": all_ok(checks), "checks": [asdict(c) for c in checks]}, indent=2))
+    else:
+        print(format_table(checks))
+    return 0 if all_ok(checks) else 1
+
+
+async def _cli_checks(cfg: Config) -> list[Check]:
+    probe = make_probe(cfg.gpu)
+    try:
+        try:
+            gpu_pids = {p.pid for g in await probe.sample() for p in g.processes}
+        except GpuProbeError:
+            gpu_pids = set()  # the gpu_count check reports it
+        stale = await scan_stale(
+            recorded_pgid=None, gpu_pids=gpu_pids, own_pid=os.getpid(), port=cfg.server.port
+        )
+        return await run_preflight(cfg, probe, stale_pids={p.pid for p in stale.ours})
+    finally:
+        await probe.aclose()

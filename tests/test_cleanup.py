@@ -1,0 +1,189 @@
+"""Clearing stale servers: real child processes with SGLang titles, a real listener, simulated GPUs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import free_port
+
+from supervisor import simgpu
+from supervisor.cleanup import ProcInfo, StaleReport, find_stale, kill_stale, scan_stale, server_kind
+from supervisor.gpu import GIB, SimulatedProbe, wait_until_released
+
+pytestmark = pytest.mark.usefixtures("no_leftovers")
+
+Spawn = Callable[..., subprocess.Popen[bytes]]
+
+_CHILD = """
+import setproctitle, signal, socket, sys, time
+title, ignore_term, port = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
+if ignore_term:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if port:
+    s = socket.socket(); s.bind(("127.0.0.1", port)); s.listen()
+if title:
+    setproctitle.setproctitle(title)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def spawn() -> Iterator[Spawn]:
+    """Starts Python children (own session, or the process group given) and reaps what is left."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(
+        title: str = "", *, ignore_term: bool = False, port: int = 0, group: int | None = None
+    ) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, title, "1" if ignore_term else "0", str(port)],
+            stdout=subprocess.PIPE,
+            start_new_session=group is None,
+            process_group=group,  # 0: a new group in our session, so others may join it
+        )
+        procs.append(proc)
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"ready\n"  # the child is set up (title, handler, socket)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+        if proc.stdout:
+            proc.stdout.close()
+
+
+@pytest.fixture
+def sim_dir(tmp_path: Path) -> Path:
+    """Two simulated 141 GiB GPUs."""
+    d = tmp_path / "gpus"
+    simgpu.ensure_gpus(d, 2, 141)
+    return d
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+async def test_orphan_scheduler_is_killed_then_the_gpu_is_free(spawn: Spawn, sim_dir: Path) -> None:
+    """An orphaned sglang::scheduler holding 100 GiB is killed, a foreign holder is left alive, and memory frees."""
+    orphan = spawn("sglang::scheduler_TP0")
+    other = spawn("someone-elses-training-job")
+    simgpu.write_process(sim_dir, orphan.pid, {0: 100 * GIB, 1: 100 * GIB}, title="sglang::scheduler_TP0")
+    simgpu.write_process(sim_dir, other.pid, {1: 5 * GIB}, title="train")
+    probe = SimulatedProbe(sim_dir)
+    gpus = await probe.sample()
+    gpu_pids = {p.pid for g in gpus for p in g.processes}
+
+    report = await scan_stale(recorded_pgid=None, gpu_pids=gpu_pids, own_pid=os.getpid())
+    assert [(p.pid, p.reason) for p in report.ours] == [(orphan.pid, "sglang::scheduler")]
+    assert [p.pid for p in report.foreign] == [other.pid]
+
+    killed = await kill_stale(report, grace_s=10)
+    assert killed == [orphan.pid]
+    assert _alive(other.pid)
+    result = await wait_until_released(probe, min_free_share=0.9, timeout_s=30, poll_s=0.05)
+    assert result.ok, result.describe(0.9)
+    assert [p.pid for p in result.gpus[1].processes] == [other.pid]
+
+
+@pytest.mark.parametrize("title", ["sglang::detokenizer", "sglang::data_parallel_controller",
+                                   "sglang::scheduler_DP1_TP3"])
+def test_other_sglang_titles_on_our_gpu_are_ours(spawn: Spawn, title: str) -> None:
+    """The detokenizer, the DP controller and DP/TP-named schedulers count as ours when they hold our GPU."""
+    proc = spawn(title)
+    report = find_stale(recorded_pgid=None, gpu_pids={proc.pid}, own_pid=os.getpid())
+    assert [p.pid for p in report.ours] == [proc.pid] and report.foreign == []
+
+
+def test_sglang_title_not_on_our_gpus_is_left_alone(spawn: Spawn) -> None:
+    """An SGLang scheduler that holds none of our GPUs (another team's server) is not ours."""
+    proc = spawn("sglang::scheduler_TP0")
+    report = find_stale(recorded_pgid=None, gpu_pids=set(), own_pid=os.getpid())
+    assert proc.pid not in {p.pid for p in report.ours}
+
+
+async def test_recorded_process_group_is_killed_even_when_it_ignores_sigterm(spawn: Spawn) -> None:
+    """Every member of our recorded process group is ours; one that ignores SIGTERM gets SIGKILL after the grace."""
+    leader = spawn("", group=0)
+    member = spawn("", ignore_term=True, group=leader.pid)
+    report = find_stale(recorded_pgid=leader.pid, gpu_pids=(), own_pid=os.getpid())
+    assert sorted(p.pid for p in report.ours) == sorted([leader.pid, member.pid])
+    assert {p.reason for p in report.ours} == {f"process group {leader.pid}"}
+    killed = await kill_stale(report, grace_s=0.5)
+    assert sorted(killed) == sorted([leader.pid, member.pid])  # the member ignores SIGTERM: only SIGKILL ends it
+
+
+def test_recorded_group_older_than_the_launch_is_not_ours(spawn: Spawn) -> None:
+    """A process group created before our recorded launch (a pgid reused after a reboot) is left alone."""
+    leader = spawn("")
+    since = psutil.Process(leader.pid).create_time() + 60
+    report = find_stale(recorded_pgid=leader.pid, gpu_pids=(), own_pid=os.getpid(), recorded_since=since)
+    assert report.ours == []
+
+
+async def test_foreign_holder_is_killed_only_when_asked(spawn: Spawn) -> None:
+    """A foreign GPU holder survives the default kill and dies with kill_foreign=True."""
+    other = spawn("train")
+    report = find_stale(recorded_pgid=None, gpu_pids={other.pid}, own_pid=os.getpid())
+    assert await kill_stale(report, grace_s=5) == []
+    assert _alive(other.pid)
+    assert await kill_stale(report, grace_s=5, kill_foreign=True) == [other.pid]
+
+
+async def test_unknown_pid_is_foreign_and_never_signalled() -> None:
+    """A GPU pid absent from our /proc (another pid namespace) is reported as foreign-unknown and not killed."""
+    missing = 2**22 + 12345  # above any pid_max this test runs under
+    report = find_stale(recorded_pgid=None, gpu_pids={missing}, own_pid=os.getpid())
+    assert len(report.foreign) == 1
+    assert report.foreign[0].pid == missing and not report.foreign[0].visible
+    assert "unknown pid" in report.foreign[0].reason
+    assert await kill_stale(report, grace_s=1, kill_foreign=True) == []
+
+
+async def test_own_process_and_ancestors_are_never_killed() -> None:
+    """Our pid, our parent and our own process group are protected even when listed as stale."""
+    me, parent = os.getpid(), os.getppid()
+    report = find_stale(recorded_pgid=os.getpgid(me), gpu_pids={me, parent}, own_pid=me)
+    assert report.ours == [] and report.foreign == []
+    forced = StaleReport(ours=[ProcInfo(me, create_time=0.0), ProcInfo(parent, create_time=0.0)])
+    assert await kill_stale(forced, grace_s=1, kill_foreign=True) == []
+    assert psutil.Process(parent).is_running()
+
+
+def test_stale_server_listening_on_our_port_is_ours(spawn: Spawn) -> None:
+    """An SGLang-looking process listening on our port is ours even when no GPU lists it."""
+    port = free_port()
+    proc = spawn("sglang::scheduler_TP0", port=port)
+    report = find_stale(recorded_pgid=None, gpu_pids=(), own_pid=os.getpid(), port=port)
+    assert [p.pid for p in report.ours] == [proc.pid]
+
+
+@pytest.mark.parametrize(
+    ("argv", "kind"),
+    [
+        (["sglang::scheduler_TP7"], "sglang::scheduler"),
+        (["python3", "-m", "sglang.launch_server", "--model-path", "m"], "sglang.launch_server"),
+        (["/venv/bin/sglang", "serve", "--model-path", "m"], "sglang serve"),
+        (["python", "/x/sglang/launch_server.py"], "sglang.launch_server"),
+        (["python", "-m", "supervisor.simulator", "--port", "1"], "supervisor.simulator"),
+        (["python", "-m", "vllm.entrypoints.openai.api_server"], None),
+        (["bash", "-c", "echo sglang::scheduler"], None),
+    ],
+)
+def test_server_kind_recognises_server_command_lines(argv: list[str], kind: str | None) -> None:
+    """server_kind names SGLang parts and our simulator from a command line, and nothing else."""
+    assert server_kind(argv) == kind
+
