@@ -1,0 +1,738 @@
+"""On-call alerts over MQTT: an ``EventSink`` that never slows the supervisor down.
+
+``MqttAlerter.emit`` is synchronous and O(1): it turns a daemon event into a JSON payload
+and appends it to a bounded outbox (the oldest is dropped, counted and logged when it is
+full). A task of its own owns the broker connection (aiomqtt has no reconnect of its own):
+connect with a Last Will of ``offline``, publish a retained ``online``, drain the outbox,
+and on any failure reconnect with exponential backoff and jitter. A message leaves the
+outbox only once the broker acknowledged it, so delivery is at least once; the payload's
+``id`` lets consumers drop duplicates.
+
+Topics (``{prefix}/{host}/{instance}/...``):
+
+- ``status``: retained ``online`` / ``offline`` (the Will, and a clean stop);
+- ``state``: retained JSON snapshot, sent on every ``state_changed`` (only the latest);
+- ``event/{kind}``: JSON per alert (``crash``, ``restart``, ``recovered``, ``gave_up``,
+  ``headroom_low``, ``gpu_memory_stuck``, ``drill``).
+
+The payload builders and the backoff are pure functions (time and ids are passed in).
+The password is read from ``password_file`` at each connect and handed to the client only:
+it is never stored on the alerter, logged, or put in a repr or an exception.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import random
+import socket
+import ssl
+import stat
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import aiomqtt
+import structlog
+from aiomqtt.exceptions import MqttConnectError
+
+from supervisor.config import Config, MqttConfig
+from supervisor.events import ALERT_KINDS
+from supervisor.model import Cause
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+DRILL = "drill"
+SEVERITY: dict[str, str] = {
+    "crash": "warning",
+    "restart": "info",
+    "recovered": "info",
+    "gave_up": "critical",
+    "headroom_low": "warning",
+    "gpu_memory_stuck": "critical",
+    DRILL: "info",
+}
+TRUNCATION_MARKER = "\n... [truncated {n} chars]"
+
+# paho's own (debug) log lines go here; they carry flags, never the password.
+_PAHO_LOG = logging.getLogger("supervisor.alerts.mqtt")
+
+HealthCallback = Callable[[str, Any], None]
+"""``on_health(kind, value)``: ("alert_sent", alert kind), ("alert_dropped", alert kind),
+("mqtt_connected", bool), ("mqtt_connect_failed", short reason)."""
+
+
+class AlertsError(Exception):
+    """The alerts adapter's own error (unreadable password file, lost connection, misuse)."""
+
+
+def utcnow() -> datetime:
+    """Wall-clock time for alert timestamps (the only clock this module reads)."""
+    return datetime.now(UTC)
+
+
+def default_host() -> str:
+    """This machine's short host name, as it appears in topics and messages."""
+    return socket.gethostname().split(".")[0] or "localhost"
+
+
+def resolve_instance(cfg: Config) -> str:
+    """The instance name: ``[mqtt] instance``, else the config file's stem."""
+    return cfg.mqtt.instance or cfg.name
+
+
+# --------------------------------------------------------------------------- pure part
+
+
+def topic_segment(text: str) -> str:
+    """``text`` made safe as one topic level (no ``/``, wildcards, or NUL)."""
+    cleaned = "".join("_" if c in "/+#\0" or c.isspace() else c for c in str(text))
+    return cleaned or "_"
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """The topics of one supervised instance."""
+
+    status: str
+    state: str
+    event_prefix: str
+
+    @classmethod
+    def of(cls, prefix: str, host: str, instance: str) -> Topics:
+        base = f"{prefix.rstrip('/')}/{topic_segment(host)}/{topic_segment(instance)}"
+        return cls(status=f"{base}/status", state=f"{base}/state", event_prefix=f"{base}/event")
+
+    def event(self, kind: str) -> str:
+        return f"{self.event_prefix}/{kind}"
+
+
+def client_id(cfg: MqttConfig, host: str, instance: str) -> str:
+    """The MQTT client id: ``[mqtt] client_id``, else ``sglang-supervisor-HOST-INSTANCE``."""
+    return cfg.client_id or f"sglang-supervisor-{topic_segment(host)}-{topic_segment(instance)}"
+
+
+def backoff_delay(attempt: int, initial: float, maximum: float, rng: random.Random) -> float:
+    """Seconds before reconnect ``attempt`` (0-based): doubling, clamped, jittered to [d/2, d]."""
+    exponent = min(max(attempt, 0), 64)  # 2**64 * initial is finite; beyond it is pointless
+    delay = min(maximum, initial * 2.0**exponent)
+    return delay * (1.0 - 0.5 * rng.random())
+
+
+def truncate_evidence(evidence: Any, max_chars: int) -> str:
+    """Evidence lines joined by newlines, cut to ``max_chars`` with a marker saying so."""
+    if evidence is None:
+        return ""
+    if isinstance(evidence, list | tuple):
+        text = "\n".join(str(line) for line in evidence)
+    else:
+        text = str(evidence)
+    if len(text) <= max_chars:
+        return text
+    # The marker's own length depends on n; reserve room for the largest possible n.
+    reserve = len(TRUNCATION_MARKER.format(n=len(text)))
+    keep = max(max_chars - reserve, 0)
+    return text[:keep] + TRUNCATION_MARKER.format(n=len(text) - keep)
+
+
+def rfc3339(ts: datetime) -> str:
+    """``2026-10-04T03:12:09.123Z``: RFC 3339 in UTC with a Z."""
+    return ts.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(slots=True)
+class Context:
+    """What earlier events said, for the "before" values and counts of later alerts."""
+
+    fraction: float | None = None  # of the server launched last
+    crash_fraction: float | None = None  # of the server that crashed last
+    crashes: int = 0  # since the last recovery
+
+    def observe(self, event: str, fields: Mapping[str, Any]) -> None:
+        if event in ("launch", "server_ready", "state_changed") and "mem_fraction_static" in fields:
+            self.fraction = fields["mem_fraction_static"]
+        elif event == "crash":
+            self.crash_fraction = fields.get("mem_fraction_static", self.fraction)
+            self.crashes += 1
+        elif event == "recovered":
+            self.crashes = 0
+
+
+def _fraction(value: Any) -> str:
+    return "SGLang's default fraction" if value is None else f"{value:g}" if isinstance(value, float | int) else str(value)
+
+
+def _seconds(value: Any) -> str:
+    return f"{round(float(value), 1):g} s" if isinstance(value, float | int) else "a moment"
+
+
+def _cause_words(cause: Any) -> str:
+    try:
+        return Cause(cause).summary
+    except (ValueError, TypeError):
+        return f"an error ({cause})" if cause else "an unknown error"
+
+
+def _died_of(cause: Any, phase: Any) -> str:
+    words = _cause_words(cause)
+    if phase and " while " not in words and " during " not in words:
+        words += f" while {phase}"
+    return words
+
+
+def _gb(value: Any) -> str:
+    return f"{value:.1f} GB" if isinstance(value, float | int) else "? GB"
+
+
+def describe(kind: str, fields: Mapping[str, Any], *, host: str, instance: str, context: Context) -> str:
+    """One sentence a person woken at 3 a.m. can act on."""
+    who = f"sglang {instance} on {host}"
+    f = fields.get
+    if kind == "crash":
+        sentence = f"{who} died of {_died_of(f('cause'), f('phase'))} at {_fraction(f('mem_fraction_static'))}; "
+        if f("next_retry_s") is None:
+            return sentence + "not restarting; needs a human"
+        sentence += f"restarting at {_fraction(f('next_mem_fraction_static', f('mem_fraction_static')))}"
+        if f("next_hicache_size_gb") not in (None, f("hicache_size_gb")):
+            sentence += f" with --hicache-size {f('next_hicache_size_gb')}"
+        return sentence + f" in {_seconds(f('next_retry_s'))}"
+    if kind == "restart":
+        return (f"{who} restarting at {_fraction(f('mem_fraction_static'))} in {_seconds(f('delay_s'))} "
+                f"(attempt {f('attempt')}) after {_died_of(f('cause'), None)}")
+    if kind == "recovered":
+        return (f"{who} is serving again at {_fraction(f('mem_fraction_static'))} after "
+                f"{_died_of(f('cause'), None)} (attempt {f('attempt')}, startup took {_seconds(f('startup_s'))})")
+    if kind == "gave_up":
+        crashes = f("crashes") or f("consecutive_failures") or context.crashes
+        after = f" after {crashes} crash{'es' if crashes != 1 else ''}" if crashes else ""
+        return f"{who} gave up{after}: {f('reason') or _cause_words(f('cause'))}; needs a human"
+    if kind == "headroom_low":
+        sentence = (f"{who} has only {_gb(f('avail_mem_gb'))} of GPU headroom on {f('rank') or 'a rank'} "
+                    f"at {_fraction(f('mem_fraction_static'))} (wants {_gb(f('threshold_gb'))}); ")
+        if f("action") == "step_down":
+            return sentence + f"restarting at {_fraction(f('next_mem_fraction_static'))} before it OOMs"
+        return sentence + "lower --mem-fraction-static before the next burst OOMs it"
+    if kind == "gpu_memory_stuck":
+        gpus = ", ".join(
+            f"GPU {g.get('index')}: {_gb((g.get('free_bytes') or 0) / 1e9)} of {_gb((g.get('total_bytes') or 0) / 1e9)} free"
+            for g in (f("gpus") or []) if isinstance(g, Mapping)
+        )
+        return (f"GPU memory on {host} was still in use {_seconds(f('timeout_s'))} after sglang {instance} "
+                f"stopped ({gpus or 'no details'}); kill what holds it or reset the GPU")
+    if kind == DRILL:
+        return f"Drill from {who}: the alert path works; no action needed"
+    return f"{who}: {kind}"
+
+
+def _before_after(kind: str, fields: Mapping[str, Any], context: Context) -> tuple[Any, Any]:
+    f = fields.get
+    if kind in ("crash", "headroom_low"):
+        return f("mem_fraction_static"), f("next_mem_fraction_static")
+    if kind == "restart":
+        return context.fraction, f("mem_fraction_static")
+    if kind == "recovered":
+        return context.crash_fraction, f("mem_fraction_static")
+    if kind == "gave_up":
+        return f("mem_fraction_static", context.fraction), None
+    if kind == "gpu_memory_stuck":
+        return context.fraction, None
+    return None, None
+
+
+def build_alert(
+    event: str,
+    fields: Mapping[str, Any],
+    *,
+    host: str,
+    instance: str,
+    ts: datetime,
+    alert_id: str,
+    evidence_max_chars: int,
+    context: Context,
+) -> dict[str, Any] | None:
+    """The JSON payload for an alert event, or None when ``event`` is not an alert."""
+    kind = DRILL if event == DRILL else ALERT_KINDS.get(event)
+    if kind is None:
+        return None
+    before, after = _before_after(kind, fields, context)
+    evidence = fields.get("evidence")
+    if evidence is None and kind == "gpu_memory_stuck":
+        evidence = [json.dumps(g, default=str) for g in fields.get("gpus") or []]
+    return {
+        "schema": SCHEMA_VERSION,
+        "ts": rfc3339(ts),
+        "host": host,
+        "instance": instance,
+        "id": alert_id,
+        "kind": kind,
+        "severity": SEVERITY[kind],
+        "cause": fields.get("cause"),
+        "evidence": truncate_evidence(evidence, evidence_max_chars),
+        "mem_fraction_static": before,
+        "next_mem_fraction_static": after,
+        "attempt": fields.get("attempt"),
+        "next_retry_s": fields.get("delay_s") if kind == "restart" else fields.get("next_retry_s"),
+        "message": describe(kind, fields, host=host, instance=instance, context=context),
+    }
+
+
+def build_state(fields: Mapping[str, Any], *, host: str, instance: str, ts: datetime) -> dict[str, Any]:
+    """The retained state snapshot sent on ``state_changed``."""
+    f = fields.get
+    return {
+        "schema": SCHEMA_VERSION,
+        "ts": rfc3339(ts),
+        "host": host,
+        "instance": instance,
+        "state": f("to"),
+        "from": f("from"),
+        "reason": f("reason"),
+        "mem_fraction_static": f("mem_fraction_static"),
+        "restarts": f("restarts"),
+        "last_cause": f("last_cause"),
+    }
+
+
+def _dumps(payload: Mapping[str, Any]) -> bytes:
+    return json.dumps(payload, default=str, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+# --------------------------------------------------------------------------- client plumbing
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One message waiting for the broker."""
+
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+    kind: str  # alert kind, or "state"
+    id: str | None = None
+
+
+def _read_password_file(path: str) -> tuple[str, int]:
+    """(password, file mode); blocking, so called through ``asyncio.to_thread``."""
+    with open(path, encoding="utf-8") as fh:
+        mode = os.fstat(fh.fileno()).st_mode
+        return fh.read().rstrip("\r\n"), mode
+
+
+async def _password(cfg: MqttConfig, log: Any, warned: set[str]) -> str | None:
+    """The broker password from ``password_file`` (None when there is none)."""
+    if not cfg.password_file:
+        return None
+    try:
+        password, mode = await asyncio.to_thread(_read_password_file, cfg.password_file)
+    except OSError as exc:
+        raise AlertsError(f"cannot read [mqtt] password_file {cfg.password_file}: {exc.strerror or type(exc).__name__}") from None
+    if mode & (stat.S_IRGRP | stat.S_IROTH) and "perm" not in warned:
+        warned.add("perm")
+        log.warning("mqtt_password_file_readable_by_others", path=cfg.password_file, mode=oct(stat.S_IMODE(mode)),
+                    hint="chmod 600 it")
+    return password
+
+
+def _make_client(cfg: MqttConfig, *, identifier: str, password: str | None, will: aiomqtt.Will | None,
+                 timeout: float) -> aiomqtt.Client:
+    tls = aiomqtt.TLSParameters(
+        ca_certs=cfg.tls_ca_file or None,
+        certfile=cfg.tls_cert_file or None,
+        keyfile=cfg.tls_key_file or None,
+        cert_reqs=ssl.CERT_REQUIRED,
+    ) if cfg.tls else None
+    client = aiomqtt.Client(
+        cfg.host,
+        cfg.port,
+        username=cfg.username or None,
+        password=password if cfg.username else None,
+        identifier=identifier,
+        will=will,
+        keepalive=cfg.keepalive_s,
+        timeout=timeout,
+        tls_params=tls,
+        tls_insecure=True if cfg.tls and cfg.tls_insecure else None,
+        logger=_PAHO_LOG,
+        clean_session=True,
+    )
+    # aiomqtt bounds the wait for CONNACK with `timeout`; paho's TCP connect and TLS
+    # handshake (run in an executor thread) have their own limit, 5 s unless set.
+    client._client.connect_timeout = timeout  # noqa: SLF001 -- no public setter in aiomqtt
+    return client
+
+
+async def _open(client: aiomqtt.Client) -> None:
+    """Connect ``client``; on any failure close the socket aiomqtt would leave open."""
+    try:
+        await client.__aenter__()
+    except BaseException:
+        # After a CONNACK timeout aiomqtt keeps the socket and its reader registered;
+        # paho's disconnect() closes it once the DISCONNECT is written.
+        with contextlib.suppress(Exception):
+            client._client.disconnect()  # noqa: SLF001 -- aiomqtt offers no abort
+        raise
+
+
+async def _close(client: aiomqtt.Client) -> None:
+    """Disconnect cleanly if still connected (no Will is sent); errors don't matter here."""
+    with contextlib.suppress(aiomqtt.MqttError, OSError):
+        await client.__aexit__(None, None, None)
+
+
+def _is_auth_failure(exc: BaseException) -> bool:
+    rc = getattr(exc, "rc", None)
+    code = getattr(rc, "value", rc)
+    return isinstance(exc, MqttConnectError) and code in (4, 5, 134, 135)
+
+
+def _failure(exc: BaseException, cfg: MqttConfig) -> tuple[str, str]:
+    """(short reason for metrics, one line for a person) for a failed connection."""
+    where = f"{cfg.host}:{cfg.port}"
+    text = str(exc) or type(exc).__name__
+    if exc.__cause__ is not None and str(exc.__cause__) not in text:
+        text += f" ({exc.__cause__})"
+    if _is_auth_failure(exc):
+        return "auth", (f"broker {where} refused the credentials ({exc}); check [mqtt] username and "
+                        f"the password in password_file {cfg.password_file or '(none set)'}")
+    if isinstance(exc, AlertsError):
+        return "config", str(exc)
+    if isinstance(exc, ssl.SSLError) or "ssl" in text.lower() or "certificate" in text.lower():
+        return "tls", f"TLS with broker {where} failed: {text}"
+    if "timed out" in text.lower() or isinstance(exc, TimeoutError):
+        return "timeout", f"broker {where} did not answer in time: {text}"
+    return "error", f"broker {where}: {text}"
+
+
+async def _race(aw: Awaitable[T], watch: asyncio.Task[None]) -> T:
+    """Await ``aw`` unless the connection watcher ends first (then raise its error)."""
+    task = asyncio.ensure_future(aw)
+    try:
+        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if task in done:
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
+        await task
+    watch.result()  # raises the MqttError that ended the connection
+    raise aiomqtt.MqttError("the MQTT connection ended")
+
+
+async def _watch(client: aiomqtt.Client) -> None:
+    """Returns (raising MqttError) when the connection drops; we subscribe to nothing."""
+    async for _ in client.messages:
+        pass
+
+
+# --------------------------------------------------------------------------- the alerter
+
+
+class MqttAlerter:
+    """An EventSink that publishes on-call alerts to MQTT from a task of its own."""
+
+    def __init__(
+        self,
+        cfg: MqttConfig,
+        *,
+        host: str,
+        instance: str,
+        logger: Any = None,
+        on_health: HealthCallback | None = None,
+        clock: Callable[[], datetime] = utcnow,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._cfg = cfg
+        self._host = host
+        self._instance = instance
+        self.topics = Topics.of(cfg.topic_prefix, host, instance)
+        self.client_id = client_id(cfg, host, instance)
+        self._log = logger if logger is not None else structlog.get_logger("supervisor.alerts")
+        self._on_health = on_health
+        self._clock = clock
+        self._rng = rng if rng is not None else random.Random()
+        self._outbox: deque[Outgoing] = deque(maxlen=cfg.outbox_size)
+        self._state_msg: Outgoing | None = None  # only the latest snapshot matters
+        self._inflight: Outgoing | None = None
+        self._context = Context()
+        self._wake = asyncio.Event()
+        self._closing = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._warned: set[str] = set()
+        self._attempt = 0
+        self._up = False  # the current session got as far as "online"
+        self.connected = False
+        self.sent = 0
+        self.dropped = 0
+        self.connect_failures = 0
+
+    def __repr__(self) -> str:
+        return (f"MqttAlerter(broker={self._cfg.host}:{self._cfg.port}, client_id={self.client_id!r}, "
+                f"status={self.topics.status!r}, connected={self.connected}, pending={self.pending})")
+
+    @property
+    def running(self) -> bool:
+        """True while the connection task is alive (it only ends through ``aclose``)."""
+        return self._task is not None and not self._task.done()
+
+    @property
+    def pending(self) -> int:
+        """Messages not yet acknowledged by the broker (events, in-flight, state)."""
+        return len(self._outbox) + (self._inflight is not None) + (self._state_msg is not None)
+
+    # ---- EventSink
+
+    def emit(self, event: str, fields: Mapping[str, Any]) -> None:
+        """Queue the alert for ``event`` (if it is one); never blocks, never raises."""
+        try:
+            self._emit(event, fields)
+        except Exception as exc:  # a sink must not raise into a restart decision
+            with contextlib.suppress(Exception):
+                self._log.error("alert_emit_failed", alert_event=event, error=repr(exc))
+
+    def _emit(self, event: str, fields: Mapping[str, Any]) -> None:
+        now = self._clock()
+        if event == "state_changed":
+            payload = build_state(fields, host=self._host, instance=self._instance, ts=now)
+            self._state_msg = Outgoing(self.topics.state, _dumps(payload), self._cfg.qos, True, "state")
+            self._wake.set()
+        else:
+            alert_id = str(uuid.uuid4())
+            payload = build_alert(
+                event, fields, host=self._host, instance=self._instance, ts=now, alert_id=alert_id,
+                evidence_max_chars=self._cfg.evidence_max_chars, context=self._context,
+            )
+            if payload is not None:
+                kind = payload["kind"]
+                self._enqueue(Outgoing(self.topics.event(kind), _dumps(payload), self._cfg.qos, False, kind, alert_id))
+        self._context.observe(event, fields)
+
+    def _enqueue(self, msg: Outgoing) -> None:
+        if len(self._outbox) == self._outbox.maxlen:
+            self._drop(self._outbox[0])  # the append below pushes it out
+        self._outbox.append(msg)
+        self._wake.set()
+
+    def _drop(self, msg: Outgoing) -> None:
+        self.dropped += 1
+        self._log.warning("alert_dropped", kind=msg.kind, id=msg.id, dropped_total=self.dropped,
+                          reason=f"outbox full ({self._cfg.outbox_size}) while the broker is away")
+        self._health("alert_dropped", msg.kind)
+
+    def _health(self, kind: str, value: Any) -> None:
+        if self._on_health is None:
+            return
+        try:
+            self._on_health(kind, value)
+        except Exception as exc:  # metrics trouble must not stop alerting
+            with contextlib.suppress(Exception):
+                self._log.error("alert_health_callback_failed", kind=kind, error=repr(exc))
+
+    # ---- lifecycle
+
+    async def start(self) -> None:
+        """Start the connection task (returns at once; connecting happens in the background)."""
+        if self._task is not None:
+            raise AlertsError("MqttAlerter already started")
+        if self._cfg.tls and self._cfg.tls_insecure:
+            self._log.warning("mqtt_tls_insecure", detail="server host name is not verified (tls_insecure = true)")
+        if self._cfg.password_file and not self._cfg.username:
+            self._log.warning("mqtt_password_without_username", detail="password_file is ignored without username")
+        self._task = asyncio.create_task(self._run(), name="mqtt-alerts")
+
+    async def aclose(self, timeout_s: float = 5.0) -> None:
+        """Deliver what is queued and a retained ``offline`` (within ``timeout_s``), then stop."""
+        self._closing.set()
+        self._wake.set()
+        if self._task is None:
+            return
+        done, _ = await asyncio.wait({self._task}, timeout=timeout_s)
+        if not done:
+            self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        if self.pending:
+            self._log.warning("alerts_undelivered", pending=self.pending, broker=f"{self._cfg.host}:{self._cfg.port}")
+
+    # ---- the connection loop
+
+    async def _run(self) -> None:
+        while not self._closing.is_set():
+            try:
+                await self._session()
+            except Exception as exc:  # whatever went wrong, the alert task keeps going
+                try:
+                    self._report(exc)
+                except Exception as report_exc:
+                    self._log.error("mqtt_loop_error", error=repr(exc), report_error=repr(report_exc))
+            if self._closing.is_set():
+                break
+            delay = backoff_delay(self._attempt, self._cfg.reconnect_initial_s, self._cfg.reconnect_max_s, self._rng)
+            self._attempt += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), delay)
+
+    def _report(self, exc: BaseException) -> None:
+        reason, line = _failure(exc, self._cfg)
+        if self._up:
+            self._log.warning("mqtt_disconnected", detail=line, pending=self.pending)
+        else:
+            self.connect_failures += 1
+            event = "mqtt_auth_failed" if reason == "auth" else "mqtt_connect_failed"
+            log = self._log.error if reason in ("auth", "config", "tls") else self._log.warning
+            log(event, detail=line, attempt=self._attempt + 1, pending=self.pending)
+            self._health("mqtt_connect_failed", reason)
+
+    def _set_connected(self, connected: bool) -> None:
+        if connected != self.connected:
+            self.connected = connected
+            self._health("mqtt_connected", connected)
+
+    async def _session(self) -> None:
+        """One connection: online, drain until closing, offline. Raises when it breaks."""
+        cfg = self._cfg
+        client = _make_client(
+            cfg, identifier=self.client_id, password=await _password(cfg, self._log, self._warned),
+            will=aiomqtt.Will(self.topics.status, b"offline", qos=1, retain=True), timeout=cfg.connect_timeout_s,
+        )
+        self._up = False
+        await _open(client)
+        watch = asyncio.create_task(_watch(client))
+        try:
+            self._attempt = 0
+            self._log.info("mqtt_connected", broker=f"{cfg.host}:{cfg.port}", client_id=self.client_id,
+                           pending=self.pending)
+            await _race(self._publish(client, self.topics.status, b"online", qos=1, retain=True), watch)
+            self._up = True
+            self._set_connected(True)
+            await self._drain(client, watch)
+            await _race(self._publish(client, self.topics.status, b"offline", qos=1, retain=True), watch)
+        finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
+                await watch
+            await _close(client)
+            self._set_connected(False)
+
+    def _publish(self, client: aiomqtt.Client, topic: str, payload: bytes, *, qos: int, retain: bool) -> Awaitable[None]:
+        return client.publish(topic, payload, qos=qos, retain=retain, timeout=self._cfg.connect_timeout_s)
+
+    async def _drain(self, client: aiomqtt.Client, watch: asyncio.Task[None]) -> None:
+        """Publish queued messages in order, one acknowledged at a time, until closing."""
+        while True:
+            msg = self._take()
+            if msg is None:
+                if self._closing.is_set():
+                    return
+                self._wake.clear()
+                await _race(self._wake.wait(), watch)
+                continue
+            try:
+                await _race(self._publish(client, msg.topic, msg.payload, qos=msg.qos, retain=msg.retain), watch)
+            except BaseException:
+                self._requeue(msg)
+                raise
+            self._inflight = None
+            if msg.kind != "state":
+                self.sent += 1
+                self._health("alert_sent", msg.kind)
+
+    def _take(self) -> Outgoing | None:
+        if self._outbox:
+            self._inflight = self._outbox.popleft()
+        elif self._state_msg is not None:
+            self._inflight, self._state_msg = self._state_msg, None
+        return self._inflight
+
+    def _requeue(self, msg: Outgoing) -> None:
+        """Put an unacknowledged message back at the head (a newer state snapshot wins)."""
+        self._inflight = None
+        if msg.kind == "state":
+            if self._state_msg is None:
+                self._state_msg = msg
+        elif len(self._outbox) == self._outbox.maxlen:
+            self._drop(msg)  # it is the oldest of them all
+        else:
+            self._outbox.appendleft(msg)
+
+
+# --------------------------------------------------------------------------- the drill
+
+
+@dataclass(frozen=True, slots=True)
+class DrillResult:
+    """Whether the broker acknowledged a drill alert."""
+
+    acknowledged: bool
+    detail: str
+    topic: str
+
+
+async def drill(
+    cfg: MqttConfig,
+    *,
+    host: str,
+    instance: str,
+    timeout_s: float = 10.0,
+    logger: Any = None,
+    clock: Callable[[], datetime] = utcnow,
+) -> DrillResult:
+    """Publish one ``drill`` alert (QoS >= 1) and report whether the broker acknowledged it.
+
+    Each step (connect, TLS, CONNACK, PUBACK) waits at most ``timeout_s``. The drill uses
+    its own client id and no Will, so it never disturbs a running daemon's connection.
+    """
+    log = logger if logger is not None else structlog.get_logger("supervisor.alerts")
+    topic = Topics.of(cfg.topic_prefix, host, instance).event(DRILL)
+    alert_id = str(uuid.uuid4())
+    payload = build_alert(DRILL, {}, host=host, instance=instance, ts=clock(), alert_id=alert_id,
+                          evidence_max_chars=cfg.evidence_max_chars, context=Context())
+    assert payload is not None
+    try:
+        client = _make_client(cfg, identifier=f"{client_id(cfg, host, instance)}-drill-{alert_id[:8]}",
+                              password=await _password(cfg, log, set()), will=None, timeout=timeout_s)
+        await _open(client)
+        try:
+            await client.publish(topic, _dumps(payload), qos=max(1, cfg.qos), timeout=timeout_s)
+        finally:
+            await _close(client)
+    except (aiomqtt.MqttError, AlertsError, OSError, ssl.SSLError) as exc:
+        return DrillResult(False, _failure(exc, cfg)[1], topic)
+    return DrillResult(True, f"broker {cfg.host}:{cfg.port} acknowledged drill {alert_id}", topic)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``sglang-supervisor drill`` (besides the global ``--config``)."""
+    p.add_argument("--timeout", type=float, default=10.0, metavar="S",
+                   help="seconds to wait for each step (connect, acknowledgement); default 10")
+    p.add_argument("--host-name", default=None, metavar="NAME",
+                   help="host name used in the topic and message (default: this machine's)")
+
+
+def run(args: argparse.Namespace, cfg: Config) -> int:
+    """``sglang-supervisor drill``: print one line; exit 0 if the broker acknowledged, else 1."""
+    if not cfg.mqtt.enabled:
+        print("drill: not sent: [mqtt] enabled = false in the config, so no alert would reach on-call")
+        return 1
+    timeout = getattr(args, "timeout", 10.0)
+    if not (isinstance(timeout, float | int) and timeout > 0 and math.isfinite(timeout)):
+        print(f"drill: not sent: --timeout must be a positive number of seconds, got {timeout!r}")
+        return 1
+    host = getattr(args, "host_name", None) or default_host()
+    result = asyncio.run(drill(cfg.mqtt, host=host, instance=resolve_instance(cfg), timeout_s=float(timeout)))
+    if result.acknowledged:
+        print(f"drill: acknowledged: {result.detail} on {result.topic}")
+        return 0
+    print(f"drill: NOT acknowledged: {result.detail} (topic {result.topic})")
+    return 1
