@@ -68,24 +68,55 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05, what: s
         time.sleep(interval)
 
 
+TEST_ID_VAR = "SGLANG_SUPERVISOR_TEST_ID"
+
+
+def _tagged(test_id: str) -> list[psutil.Process]:
+    """Live processes carrying this test's id in their environment (its servers included)."""
+    found = []
+    for p in ours():
+        try:
+            if p.environ().get(TEST_ID_VAR) == test_id and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
 @pytest.fixture
-def no_leftovers() -> Iterator[None]:
-    """Fails the test if it leaves a child, a zombie, or a simulator/SGLang process behind."""
-    before = {p.pid for p in ours()}
-    yield
+def no_leftovers() -> Iterator[str]:
+    """Fails the test if it leaves a child, a zombie, or a simulator/SGLang process behind.
+
+    The test's processes are told apart from other people's by an id in their environment
+    (``SGLANG_SUPERVISOR_TEST_ID``): children inherit it, and ``tests/harness.py`` passes it
+    to the servers the daemon launches. Yields the id.
+    """
+    import uuid
+
+    test_id = uuid.uuid4().hex
+    old = os.environ.get(TEST_ID_VAR)
+    os.environ[TEST_ID_VAR] = test_id
+    try:
+        yield test_id
+    finally:
+        if old is None:
+            os.environ.pop(TEST_ID_VAR, None)
+        else:
+            os.environ[TEST_ID_VAR] = old
+
     def clean() -> bool:
         kids = [p for p in _descendants() if p.is_running()]
-        stray = [p for p in ours() if p.pid not in before and p.is_running()]
-        return not kids and not stray
+        return not kids and not _tagged(test_id)
 
     try:
         wait_until(clean, timeout=10.0, what="no leftover processes")
     except AssertionError:
-        kids = [(p.pid, p.status(), p.cmdline()) for p in _descendants() if p.is_running()]
-        stray = [(p.pid, p.status(), p.cmdline()) for p in ours() if p.pid not in before]
-        for p in [*_descendants(), *[q for q in ours() if q.pid not in before]]:
+        left = {p.pid: p for p in [*_descendants(), *_tagged(test_id)]}
+        described = []
+        for p in left.values():
             try:
+                described.append((p.pid, p.status(), " ".join(p.cmdline())[:120]))
                 p.kill()
             except psutil.Error:
                 pass
-        pytest.fail(f"leftover processes: children={kids} strays={stray}")
+        pytest.fail(f"leftover processes: {described}")

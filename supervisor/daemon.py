@@ -1,0 +1,521 @@
+"""The I/O shell around the pure core: pumps events in, carries actions out.
+
+``Daemon.run()`` reads like a table of contents: take the state-directory lock, load what
+was learned, tell systemd we supervise, then loop: one event at a time through
+``machine.step``, each returned action carried out here. Slow work (clearing the GPUs,
+probes, stopping the server) runs in tasks that post their outcome back as events, so no
+adapter can delay a decision. Signal handlers only queue an event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as _dt
+import os
+import random
+import signal
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from . import cleanup, gpu, machine, preflight
+from .config import Config, ConfigError
+from .diagnosis import diagnose
+from .events import EventSink
+from .health import HealthProber
+from .machine import (
+    Boot,
+    CancelTimer,
+    ConfigChanged,
+    Core,
+    Ctx,
+    Emit,
+    Exit,
+    FactsUpdated,
+    GpuLost,
+    Launch,
+    Launched,
+    LaunchFailed,
+    Learned,
+    Persist,
+    Prepare,
+    Prepared,
+    PrepareFailed,
+    Probe,
+    ProbeResult,
+    ServerExited,
+    SetTimer,
+    StopRequested,
+    StopServer,
+    TimerFired,
+)
+from .model import Cause, ExitStatus, State
+from .sdnotify import watchdog_loop
+from .process import ProcessError, RotatingLog, ServerProcess, server_env
+from .startup_facts import StartupFactsParser
+from .store import StateStore, StoreError
+
+KERNEL_LOG_TAIL = 256 * 1024
+
+
+def wall_now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class NullNotifier:
+    """systemd's notify protocol when nobody listens: every call does nothing."""
+
+    def ready(self) -> None: ...
+    def status(self, text: str) -> None: ...
+    def stopping(self) -> None: ...
+    def reloading(self) -> None: ...
+    def watchdog(self) -> None: ...
+    def watchdog_interval(self) -> float | None:
+        return None
+
+
+@dataclass
+class Ports:
+    """The adapters the daemon drives; the CLI builds the real ones, tests their fakes."""
+
+    store: StateStore
+    sinks: list[EventSink]
+    logger: Any
+    gpu_probe: gpu.GpuProbe = field(default_factory=gpu.NoneProbe)
+    notifier: Any = field(default_factory=NullNotifier)  # sdnotify.Notifier in production
+    rng: random.Random = field(default_factory=random.Random)
+    reload: Callable[[], Config] | None = None  # SIGHUP: re-read the config
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    host: str = field(default_factory=socket.gethostname)
+    install_signals: bool = True
+
+
+class Daemon:
+    def __init__(self, cfg: Config, ports: Ports) -> None:
+        self.cfg = cfg
+        self.p = ports
+        self.log = ports.logger
+        self.instance = cfg.mqtt.instance or cfg.name
+        self.core: Core | None = None
+        self.server: ServerProcess | None = None
+        self.exit_code: int | None = None
+        self._queue: asyncio.Queue[machine.Event] = asyncio.Queue()
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._launch_task: asyncio.Task[None] | None = None
+        self._probe_task: asyncio.Task[None] | None = None
+        self._prepare_task: asyncio.Task[None] | None = None
+        self._recorded_pgid: int | None = None
+        self._store_failing = False
+        self._facts: StartupFactsParser | None = None
+        self._prober: HealthProber | None = None
+        self._gpu_monitor: gpu.GpuMonitor | None = None
+        self._last_saved: dict[str, Any] | None = None
+
+    # -- the table of contents --------------------------------------------------------------
+
+    async def run(self) -> int:
+        try:
+            self.p.store.acquire()
+        except StoreError as exc:
+            self.log.error("daemon_refused", reason=str(exc))
+            return 1
+        try:
+            self._load_state()
+            self._install_signals()
+            self._start_background()
+            self.emit("daemon_started", {"version": _version(), "config": self.cfg.name, "pid": os.getpid()})
+            self.p.notifier.ready()
+            self.feed(Boot())
+            while self.exit_code is None:
+                self.feed(await self._queue.get())
+            return self.exit_code
+        finally:
+            await self._shutdown()
+
+    def post(self, event: machine.Event) -> None:
+        """Queue an event for the core (safe from callbacks and signal handlers)."""
+        self._queue.put_nowait(event)
+
+    def feed(self, event: machine.Event) -> None:
+        """One step of the core, then its actions, in order."""
+        assert self.core is not None
+        ctx = Ctx(now=asyncio.get_running_loop().time(), cfg=self.cfg, rng=self.p.rng, wall_time=wall_now())
+        self.core, actions = machine.step(self.core, event, ctx)
+        for action in actions:
+            self._do(action)
+
+    # -- actions ----------------------------------------------------------------------------
+
+    def _do(self, action: machine.Action) -> None:
+        match action:
+            case Emit(event=name, fields=fields):
+                self.emit(name, fields)
+            case SetTimer(name=name, delay_s=delay):
+                self._cancel_timer(name)
+                loop = asyncio.get_running_loop()
+                self._timers[name] = loop.call_later(max(0.0, delay), self.post, TimerFired(name))
+            case CancelTimer(name=name):
+                self._cancel_timer(name)
+            case Persist():
+                self._persist()
+            case Prepare():
+                self._prepare_task = self._spawn(self._prepare(), "prepare")
+            case Launch() as launch:
+                self._launch_task = self._spawn(self._launch(launch), "launch")
+            case Probe():
+                self._probe_task = self._spawn(self._probe(), "probe")
+            case StopServer(grace_s=grace, reason=reason):
+                self._spawn(self._stop_server(grace, reason), "stop")
+            case Exit(code=code):
+                self.exit_code = code
+
+    def emit(self, name: str, fields: Mapping[str, Any]) -> None:
+        data = {"host": self.p.host, "instance": self.instance, **fields}
+        for sink in self.p.sinks:
+            try:
+                sink.emit(name, data)
+            except Exception as exc:  # noqa: BLE001 - a broken sink must not stop supervision
+                self.log.warning("sink_failed", sink=type(sink).__name__, error=repr(exc)[:200])
+        if name == "state_changed":
+            self._notify_status()
+
+    def _notify_status(self) -> None:
+        core = self.core
+        if core is None:
+            return
+        text = (
+            f"{core.state} fraction={core.learned.fraction:g} restarts={core.learned.restarts}"
+            f" last={core.last_cause or '-'}"
+        )
+        self.p.notifier.status(text)
+
+    # -- preparing a launch -----------------------------------------------------------------
+
+    async def _prepare(self) -> None:
+        """Clear our old servers off the GPUs, wait for memory, run preflight."""
+        cfg = self.cfg
+        try:
+            gpus = await self._sample_or_none()
+            holders = {p.pid: (g.index, p.used_bytes) for g in gpus for p in g.processes}
+            report = await asyncio.to_thread(
+                cleanup.find_stale,
+                recorded_pgid=self._recorded_pgid,
+                gpu_pids=list(holders),
+                own_pid=os.getpid(),
+                port=cfg.server.port,
+            )
+            for proc in report.foreign:
+                index, used = holders.get(proc.pid, (None, None))
+                self.emit("foreign_gpu_process", {**proc.to_dict(), "gpu": index, "used_bytes": used})
+            if report.ours or (report.foreign and cfg.gpu.kill_foreign):
+                killed = await cleanup.kill_stale(
+                    report, grace_s=min(cfg.server.stop_grace_s, 10.0), kill_foreign=cfg.gpu.kill_foreign
+                )
+                self.emit(
+                    "orphans_killed",
+                    {"pids": killed, "titles": [p.name for p in report.ours], "reasons": [p.reason for p in report.ours]},
+                )
+            self._recorded_pgid = None
+            if cfg.gpu.backend != "none":
+                result = await gpu.wait_until_released(
+                    self.p.gpu_probe,
+                    min_free_share=cfg.gpu.free_share_min,
+                    timeout_s=cfg.gpu.release_timeout_s,
+                    poll_s=min(1.0, cfg.gpu.interval_s),
+                )
+                if result.error is not None and result.error.lost:
+                    self.post(PrepareFailed(Cause.GPU_HW_ERROR, str(result.error), True))
+                    return
+                if result.error is not None:
+                    # Degraded: we cannot see the GPUs, so we cannot prove them free. Launch
+                    # anyway (the server's own startup OOM would tell) and say so once.
+                    self.emit("gpu_probe_error", {"error": str(result.error), "degraded": True, "lost": False})
+                elif not result.ok:
+                    self.emit("gpu_memory_stuck", result.stuck_fields(cfg.gpu.release_timeout_s))
+                    detail = result.describe(cfg.gpu.free_share_min)
+                    self.post(PrepareFailed(Cause.GPU_MEMORY_STUCK, detail, True))
+                    return
+            checks = await preflight.run_preflight(cfg, self.p.gpu_probe)
+            failed = [c for c in checks if not c.ok]
+            if failed:
+                self.emit(
+                    "preflight_failed",
+                    {
+                        "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks],
+                        "permanent": any(c.permanent for c in failed),
+                    },
+                )
+                detail = "; ".join(f"{c.name}: {c.detail}" for c in failed)
+                self.post(PrepareFailed(Cause.PREFLIGHT_FAILED, detail, any(c.permanent for c in failed)))
+                return
+            self.post(Prepared())
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an adapter bug must not kill the daemon
+            self.log.exception("prepare_failed", error=repr(exc)[:300])
+            self.post(PrepareFailed(Cause.PREFLIGHT_FAILED, f"internal error: {exc!r}"[:300]))
+
+    async def _sample_or_none(self) -> list[gpu.GpuInfo]:
+        try:
+            return await self.p.gpu_probe.sample()
+        except gpu.GpuProbeError:
+            return []
+
+    # -- launching and watching -------------------------------------------------------------
+
+    async def _launch(self, launch: Launch) -> None:
+        cfg = self.cfg
+        state_dir = Path(cfg.state.dir)
+        log = RotatingLog(
+            cfg.logging.server_log or state_dir / "server.log",
+            cfg.logging.server_log_max_bytes,
+            cfg.logging.server_log_backups,
+            on_error=lambda why: self.emit("server_log_write_failed", {"error": why}),
+        )
+        log.write(f"=== sglang-supervisor launch {launch.attempt} at {wall_now()}: {' '.join(launch.argv)}\n".encode())
+        env = server_env(cfg.server.pass_env, cfg.server.env, self.p.environ)
+        try:
+            server = await ServerProcess.spawn(
+                launch.argv, env=env, cwd=cfg.server.cwd or str(state_dir), log=log,
+                tail_bytes=cfg.logging.tail_bytes,
+            )
+        except ProcessError as exc:
+            log.close()
+            self.post(LaunchFailed(str(exc)))
+            return
+        self.server = server
+        self._facts = StartupFactsParser()
+        server.on_line = self._on_server_line
+        self.emit(
+            "launch",
+            {
+                "argv": list(launch.argv),
+                "mem_fraction_static": launch.fraction,
+                "hicache_size_gb": launch.hicache_size_gb,
+                "attempt": launch.attempt,
+                "pid": server.pid,
+                "rung": _rung(launch.fraction, cfg),
+            },
+        )
+        self.post(Launched(server.pid))
+        self._spawn(self._watch(server), "watch")
+
+    def _on_server_line(self, line: str) -> None:
+        parser = self._facts
+        if parser is None:
+            return
+        if parser.feed(line):
+            self.post(FactsUpdated(parser.facts))
+            if parser.facts.ready and self.server is not None:
+                self.server.on_line = None  # startup is over: stop parsing lines
+
+    async def _watch(self, server: ServerProcess) -> None:
+        """Wait for the server to end; clean its leftovers; diagnose; report."""
+        status = await server.wait()
+        server.kill_leftovers()
+        await server.drain_output(0.5)
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+        assert self.core is not None
+        phase = self.core.phase
+        kernel = await asyncio.to_thread(_read_tail, self.cfg.logging.kernel_log)
+        diagnosis = diagnose(
+            server.tail.get(), exit_status=status, phase=phase, kernel_log=kernel, pids=server.tree_pids()
+        )
+        await server.close()
+        if self.server is server:
+            self.server = None
+            self._facts = None
+        self.post(ServerExited(status, diagnosis))
+
+    async def _probe(self) -> None:
+        if self._prober is None:
+            s = self.cfg.server
+            host = "127.0.0.1" if s.host in ("0.0.0.0", "::", "") else s.host
+            self._prober = HealthProber(f"http://{_host_for_url(host)}:{s.port}{self.cfg.health.path}", self.cfg.health.timeout_s)
+        if self.server is not None:
+            await asyncio.to_thread(self.server.remember_descendants)
+        outcome = await self._prober.probe()
+        self.emit("probe", {"ok": outcome.ok, "duration_s": round(outcome.duration_s, 4),
+                            "status": outcome.status, "error": None if outcome.ok else outcome.detail})
+        self.post(ProbeResult(outcome.ok, outcome.detail))
+
+    async def _stop_server(self, grace_s: float, reason: str) -> None:
+        if self._launch_task is not None and not self._launch_task.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._launch_task
+        server = self.server
+        if server is None:
+            # Nothing was running (the launch failed or had not happened): report it gone.
+            self.post(ServerExited(ExitStatus(code=None), _nothing_ran()))
+            return
+        self.log.info("server_stopping", reason=reason, grace_s=grace_s, pid=server.pid)
+        await server.stop(grace_s)  # the watch task reports the exit
+
+    # -- state ------------------------------------------------------------------------------
+
+    def _load_state(self) -> None:
+        data, warning = self.p.store.load()
+        if warning:
+            self.log.warning("state_corrupt", detail=warning)
+        learned = Learned.initial(self.cfg)
+        if data:
+            try:
+                learned = Learned.from_dict(data["learned"]).rebased(self.cfg)
+            except (KeyError, TypeError, ValueError) as exc:
+                self.log.warning("state_unreadable", detail=f"{exc!r}"[:200])
+            pgid = data.get("server_pgid")
+            self._recorded_pgid = int(pgid) if isinstance(pgid, int) else None
+        self.core = Core.initial(learned)
+
+    def _persist(self) -> None:
+        core = self.core
+        assert core is not None
+        data = {
+            "learned": core.learned.to_dict(),
+            "state": str(core.state),
+            "reason": core.reason,
+            "server_pid": self.server.pid if self.server else core.pid,
+            "server_pgid": self.server.pgid if self.server else core.pid,
+            "daemon_pid": os.getpid(),
+            "attempt": core.attempt,
+            "updated": wall_now(),
+        }
+        comparable = {k: v for k, v in data.items() if k != "updated"}
+        if comparable == self._last_saved:
+            return
+        try:
+            self.p.store.save(data)
+            self._last_saved = comparable
+            if self._store_failing:
+                self.log.info("state_write_recovered", path=str(self.p.store.path))
+            self._store_failing = False
+        except StoreError as exc:
+            if not self._store_failing:
+                self.emit("state_write_failed", {"error": str(exc)})
+            self._store_failing = True
+
+    # -- signals, reload, background --------------------------------------------------------
+
+    def _install_signals(self) -> None:
+        if not self.p.install_signals:
+            return
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.post, StopRequested("SIGTERM"))
+        loop.add_signal_handler(signal.SIGINT, self.post, StopRequested("SIGINT"))
+        loop.add_signal_handler(signal.SIGHUP, self._reload)
+
+    def request_stop(self, reason: str) -> None:
+        self.post(StopRequested(reason))
+
+    def _reload(self) -> None:
+        if self.p.reload is None:
+            return
+        self.p.notifier.reloading()
+        try:
+            new = self.p.reload()
+        except ConfigError as exc:
+            self.emit("config_reloaded", {"ok": False, "error": str(exc)})
+        else:
+            self.cfg = new
+            self._prober = None
+            self.emit("config_reloaded", {"ok": True, "error": None})
+            self.post(ConfigChanged())
+        self.p.notifier.ready()
+
+    def _start_background(self) -> None:
+        interval = self.p.notifier.watchdog_interval()
+        if interval:
+            self._spawn(watchdog_loop(self.p.notifier, interval), "watchdog")
+        if self.cfg.gpu.backend != "none":
+            self._gpu_monitor = gpu.GpuMonitor(
+                self.p.gpu_probe,
+                interval_s=self.cfg.gpu.interval_s,
+                low_free_bytes=int(self.cfg.gpu.low_free_warn_gb * 1024**3),
+                emit=self.emit,
+                on_lost=lambda exc: self.post(GpuLost(str(exc))),
+            )
+            self._spawn(self._gpu_monitor.run(), "gpu-monitor")
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            self.log.error("task_failed", task=task.get_name(), error=repr(exc)[:300])
+
+    def _cancel_timer(self, name: str) -> None:
+        handle = self._timers.pop(name, None)
+        if handle is not None:
+            handle.cancel()
+
+    async def _shutdown(self) -> None:
+        self.p.notifier.stopping()
+        self.emit("daemon_stopping", {"reason": self.core.reason if self.core else "error"})
+        for name in list(self._timers):
+            self._cancel_timer(name)
+        server = self.server
+        if server is not None and server.returncode is None:
+            # Leaving with a live server (an internal error): never leave it behind.
+            await server.stop(self.cfg.server.stop_grace_s)
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.server is not None:
+            await self.server.close()
+        if self._prober is not None:
+            await self._prober.aclose()
+        with contextlib.suppress(Exception):
+            await self.p.gpu_probe.aclose()
+        if self.core is not None and self.core.state is State.STOPPED:
+            self.core = replace(self.core, pid=None)
+            self._persist()
+        self.p.store.release()
+        if self._facts is not None:
+            self._facts = None
+
+
+def _nothing_ran() -> Any:
+    from .model import Diagnosis, Phase
+
+    return Diagnosis(cause=Cause.OTHER, phase=Phase.STARTING, evidence=("no server process",))
+
+
+def _read_tail(path: str) -> str | None:
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - KERNEL_LOG_TAIL))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def _rung(fraction: float, cfg: Config) -> int:
+    from .policy import rung_of
+
+    return rung_of(fraction, cfg.policy.fraction_ladder)
+
+
+def _host_for_url(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__

@@ -1,0 +1,66 @@
+"""Health probes: GET the server's /health with a hard deadline.
+
+Healthy means "answered 200 within the timeout", not "the pid exists". SGLang's /health
+runs a one-token generation (~1 s) and gives up itself after 20 s, so the default timeout
+is above that. Garbage, a slow trickle or a huge body are a failed probe, never a stuck
+loop: the whole exchange is bounded by the timeout and at most ``MAX_BODY`` bytes are read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import aiohttp
+
+MAX_BODY = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeOutcome:
+    ok: bool
+    status: int | None
+    duration_s: float
+    detail: str
+
+
+class HealthProber:
+    def __init__(self, url: str, timeout_s: float) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            # A fresh connection per probe: a wedged keep-alive socket must not fake health.
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(force_close=True, limit=4),
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                max_line_size=8190,
+                max_field_size=8190,
+            )
+        return self._session
+
+    async def probe(self) -> ProbeOutcome:
+        start = time.monotonic()
+        status: int | None = None
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async with self._client().get(self.url, allow_redirects=False) as resp:
+                    status = resp.status
+                    await resp.content.read(MAX_BODY)
+            ok = status == 200
+            detail = "ok" if ok else f"HTTP {status}"
+        except TimeoutError:
+            ok, detail = False, f"no answer within {self.timeout_s:g} s"
+        except aiohttp.ClientConnectorError as exc:
+            ok, detail = False, f"connection failed: {exc.os_error.strerror if exc.os_error else exc}"
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            ok, detail = False, f"{type(exc).__name__}: {str(exc)[:200]}"
+        return ProbeOutcome(ok, status, time.monotonic() - start, detail)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

@@ -1,0 +1,98 @@
+"""Structured logging: JSON lines by default, a console renderer on a TTY.
+
+``LogSink`` turns the daemon's events into log lines with stable event names. Values
+that may hold secrets (``--api-key`` style arguments) are redacted before they are logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Mapping
+from typing import IO, Any
+
+import structlog
+
+from .events import QUIET_EVENTS
+
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+EVENT_LEVELS = {
+    "crash": "error",
+    "gave_up": "critical",
+    "gpu_memory_stuck": "error",
+    "headroom_low": "warning",
+    "gpu_low_free": "warning",
+    "gpu_probe_error": "warning",
+    "preflight_failed": "warning",
+    "foreign_gpu_process": "warning",
+    "state_write_failed": "warning",
+    "server_log_write_failed": "warning",
+}
+SECRET_FLAGS = ("--api-key", "--admin-api-key", "--hf-token", "--token", "--password")
+
+
+def redact_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """argv with the values of secret-bearing flags replaced by ``***``."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append("***")
+            hide_next = False
+            continue
+        flag, eq, _ = arg.partition("=")
+        if flag in SECRET_FLAGS:
+            out.append(f"{flag}=***" if eq else arg)
+            hide_next = not eq
+            continue
+        out.append(arg)
+    return out
+
+
+def _add_monotonic(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    event_dict.setdefault("mono", round(time.monotonic(), 6))
+    return event_dict
+
+
+def configure(fmt: str = "auto", level: str = "info", stream: IO[str] | None = None) -> structlog.typing.FilteringBoundLogger:
+    """Configure structlog for the process and return the daemon's logger."""
+    stream = stream or sys.stderr
+    if fmt == "auto":
+        fmt = "console" if getattr(stream, "isatty", lambda: False)() else "json"
+    renderer: Any = (
+        structlog.dev.ConsoleRenderer(colors=False)
+        if fmt == "console"
+        else structlog.processors.JSONRenderer(sort_keys=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _add_monotonic,
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
+        logger_factory=structlog.PrintLoggerFactory(stream),
+        cache_logger_on_first_use=False,
+    )
+    return structlog.get_logger("sglang-supervisor")
+
+
+class LogSink:
+    """EventSink writing each event as one structured log line."""
+
+    def __init__(self, logger: Any) -> None:
+        self.log = logger
+
+    def emit(self, event: str, fields: Mapping[str, Any]) -> None:
+        try:
+            data = dict(fields)
+            if "argv" in data:
+                data["argv"] = redact_argv(data["argv"])
+            level = "debug" if event in QUIET_EVENTS else EVENT_LEVELS.get(event, "info")
+            getattr(self.log, level)(event, **data)
+        except Exception:  # noqa: BLE001 - a log line must never break supervision
+            pass

@@ -1,0 +1,200 @@
+"""Runs the real daemon (a subprocess) against the real simulator, and reads its JSON log.
+
+Every daemon gets free ports, its own state and simulated-GPU directories, and a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from conftest import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
+    raise TypeError(value)
+
+
+def _test_id_env() -> dict[str, str]:
+    """The running test's id (see conftest.no_leftovers), so its servers can be found."""
+    value = os.environ.get("SGLANG_SUPERVISOR_TEST_ID")
+    return {"SGLANG_SUPERVISOR_TEST_ID": value} if value else {}
+
+
+def sim_command(*sim_args: str, load_s: float = 0.2) -> list[str]:
+    return [sys.executable, "-m", "supervisor.simulator", "--sim-load-s", str(load_s), *sim_args]
+
+
+def write_config(tmp: Path, sections: dict[str, dict[str, Any]] | None = None, *, sim_args: tuple[str, ...] = (), name: str = "test") -> Path:
+    """A config for a fast simulated night; ``sections`` override keys."""
+    state = tmp / "state"
+    gpus = tmp / "gpus"
+    base: dict[str, dict[str, Any]] = {
+        "server": {
+            "command": sim_command(*sim_args),
+            "model_path": "moonshotai/Kimi-K2.5",
+            "port": free_port(),
+            "tp_size": 2,
+            "mem_fraction_static": 0.93,
+            "stop_grace_s": 3.0,
+            "env": {"SGLANG_SIM_GPU_DIR": str(gpus), **_test_id_env()},
+        },
+        "health": {"interval_s": 0.3, "timeout_s": 2.0, "failures": 2, "startup_timeout_s": 30.0, "startup_poll_s": 0.1},
+        "policy": {"backoff_initial_s": 0.2, "backoff_max_s": 1.0, "stable_after_s": 60.0},
+        "gpu": {"backend": "simulated", "sim_dir": str(gpus), "interval_s": 0.5, "release_timeout_s": 5.0,
+                "headroom_action": "warn"},
+        "metrics": {"enabled": False},
+        "logging": {"format": "json"},
+        "state": {"dir": str(state)},
+    }
+    for section, keys in (sections or {}).items():
+        base.setdefault(section, {}).update(keys)
+    lines = []
+    for section, keys in base.items():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {_toml(v)}" for k, v in keys.items()]
+    from supervisor import simgpu
+
+    simgpu.ensure_gpus(gpus, 8, 96)
+    path = tmp / f"{name}.toml"
+    path.write_text("\n".join(lines) + "\n")
+    path.chmod(0o644)
+    return path
+
+
+class DaemonRun:
+    """``sglang-supervisor run`` as a subprocess, its stderr (JSON lines) in a file."""
+
+    def __init__(self, config: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+        self.config = config
+        n = 1
+        while config.with_suffix(f".{n}.log.jsonl").exists():
+            n += 1
+        self.log_path = config.with_suffix(f".{n}.log.jsonl")  # one file per daemon run
+        self._log = open(self.log_path, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "supervisor.cli", "run", "--config", str(config), *extra],
+            stdout=subprocess.DEVNULL,
+            stderr=self._log,
+            cwd=REPO,
+            env={**os.environ, **(env or {})},
+        )
+
+    def events(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        return out
+
+    def find(self, event: str, **match: Any) -> list[dict[str, Any]]:
+        return [e for e in self.events() if e.get("event") == event and all(e.get(k) == v for k, v in match.items())]
+
+    def wait_for(self, event: str, timeout: float = 30.0, count: int = 1, **match: Any) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.find(event, **match)
+            if len(found) >= count:
+                return found[count - 1]
+            if self.proc.poll() is not None and not self.find(event, **match):
+                tail = self.log_path.read_text(errors="replace")[-3000:]
+                raise AssertionError(f"daemon exited {self.proc.returncode} before {event} {match}:\n{tail}")
+            if time.monotonic() > deadline:
+                tail = self.log_path.read_text(errors="replace")[-3000:]
+                raise AssertionError(f"no {event} {match} within {timeout}s:\n{tail}")
+            time.sleep(0.05)
+
+    def states(self) -> list[str]:
+        return [e["to"] for e in self.find("state_changed")]
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._log.close()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._log.close()
+
+    def __enter__(self) -> DaemonRun:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.stop()
+        self._log.close()
+
+
+def simulator_mains(test_id: str | None = None) -> list[int]:
+    """Pids of live simulator main processes: not a child of another simulator (a fork
+    that has not set its title yet) and not a zombie. For 'never two servers'. With
+    ``test_id``, only those started for that test (see conftest.no_leftovers)."""
+    import psutil
+
+    test_id = test_id or os.environ.get("SGLANG_SUPERVISOR_TEST_ID")
+    sims: dict[int, int] = {}
+    for p in psutil.process_iter(["cmdline", "status", "ppid"]):
+        try:
+            cmd = p.info["cmdline"] or []
+            if "supervisor.simulator" not in cmd or p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if test_id and p.environ().get("SGLANG_SUPERVISOR_TEST_ID") != test_id:
+                continue
+            sims[p.pid] = p.info["ppid"]
+        except psutil.Error:
+            continue
+    return [pid for pid, ppid in sims.items() if ppid not in sims]
+
+
+class ServerCounter:
+    """Samples the number of live simulator servers in a thread; ``max`` is the peak."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        import threading
+
+        self.test_id = os.environ.get("SGLANG_SUPERVISOR_TEST_ID")
+        self.max = 0
+        self._stop = threading.Event()
+        self._interval = interval
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.max = max(self.max, len(simulator_mains(self.test_id)))
+            self._stop.wait(self._interval)
+
+    def close(self) -> int:
+        self._stop.set()
+        self._thread.join(5)
+        return self.max
+
+
+def iter_lines(path: Path) -> Iterator[str]:
+    yield from path.read_text(errors="replace").splitlines()
