@@ -16,6 +16,7 @@ import os
 import random
 import signal
 import socket
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -109,6 +110,8 @@ class Daemon:
         self._probe_task: asyncio.Task[None] | None = None
         self._prepare_task: asyncio.Task[None] | None = None
         self._recorded_pgid: int | None = None
+        self._recorded_since: float | None = None  # wall time of that launch (pgid reuse guard)
+        self._server_since: float | None = None
         self._store_failing = False
         self._facts: StartupFactsParser | None = None
         self._prober: HealthProber | None = None
@@ -207,6 +210,7 @@ class Daemon:
                 gpu_pids=list(holders),
                 own_pid=os.getpid(),
                 port=cfg.server.port,
+                recorded_since=self._recorded_since,
             )
             for proc in report.foreign:
                 index, used = holders.get(proc.pid, (None, None))
@@ -239,7 +243,7 @@ class Daemon:
                     detail = result.describe(cfg.gpu.free_share_min)
                     self.post(PrepareFailed(Cause.GPU_MEMORY_STUCK, detail, True))
                     return
-            checks = await preflight.run_preflight(cfg, self.p.gpu_probe)
+            checks = await preflight.run_preflight(cfg, self.p.gpu_probe, degraded_ok=True)
             failed = [c for c in checks if not c.ok]
             if failed:
                 self.emit(
@@ -288,6 +292,7 @@ class Daemon:
             self.post(LaunchFailed(str(exc)))
             return
         self.server = server
+        self._server_since = time.time()  # wall clock: compared with process create times
         self._facts = StartupFactsParser()
         server.on_line = self._on_server_line
         self.emit(
@@ -370,6 +375,8 @@ class Daemon:
                 self.log.warning("state_unreadable", detail=f"{exc!r}"[:200])
             pgid = data.get("server_pgid")
             self._recorded_pgid = int(pgid) if isinstance(pgid, int) else None
+            since = data.get("server_since")
+            self._recorded_since = float(since) if isinstance(since, int | float) else None
         self.core = Core.initial(learned)
 
     def _persist(self) -> None:
@@ -381,6 +388,7 @@ class Daemon:
             "reason": core.reason,
             "server_pid": self.server.pid if self.server else core.pid,
             "server_pgid": self.server.pgid if self.server else core.pid,
+            "server_since": self._server_since if self.server else None,
             "daemon_pid": os.getpid(),
             "attempt": core.attempt,
             "updated": wall_now(),

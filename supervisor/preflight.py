@@ -241,20 +241,26 @@ def _host_facts(cfg: Config) -> tuple[Any, _PortFacts, bool]:
     )
 
 
-async def _gpu_check(cfg: Config, probe: GpuProbe, ranks: int) -> Check:
+async def _gpu_check(cfg: Config, probe: GpuProbe, ranks: int, degraded_ok: bool) -> Check:
     if cfg.gpu.backend == "none":
         return Check("gpu_count", True, 'not checked: [gpu] backend = "none"')
     try:
         gpus = await probe.sample()
     except GpuProbeError as exc:
+        if degraded_ok and exc.unavailable and not exc.lost:
+            # The daemon runs degraded rather than refuse to launch: SGLang finds its GPUs itself.
+            return Check("gpu_count", True, f"not checked (GPU probe unavailable: {exc})")
         return Check("gpu_count", False, f"cannot read the GPUs: {exc}", permanent=exc.lost)
     return check_gpu_count(len(gpus), cfg.server.tp_size, cfg.server.dp_size, ranks)
 
 
-async def run_preflight(cfg: Config, probe: GpuProbe, *, stale_pids: Collection[int] = ()) -> list[Check]:
-    """Gather the facts and run every check. ``stale_pids``: processes of ours due to be killed."""
+async def run_preflight(
+    cfg: Config, probe: GpuProbe, *, stale_pids: Collection[int] = (), degraded_ok: bool = False
+) -> list[Check]:
+    """Gather the facts and run every check. ``stale_pids``: processes of ours due to be killed.
+    ``degraded_ok``: an unavailable GPU probe (no NVML) passes the GPU check (the daemon)."""
     ranks = ranks_on_host(cfg.server)
-    gpu_check = await _gpu_check(cfg, probe, ranks)
+    gpu_check = await _gpu_check(cfg, probe, ranks, degraded_ok)
     mem, port, model_exists = await asyncio.to_thread(_host_facts, cfg)
     held_by_ours = bool(port.holders) and set(port.holders) <= set(stale_pids)
     holder = ", ".join(f"pid {pid} {name}" for pid, name in sorted(port.holders.items()))
