@@ -269,7 +269,7 @@ def status(cfg: Config, *, as_json: bool = False, out: IO[str] | None = None) ->
     )
     print(f"hicache:   {learned.get('hicache_size_gb')} GB per rank   restarts: {learned.get('restarts', 0)}", file=out)
     history = learned.get("history", [])
-    print(f"crashes:   {len(history)}", file=out)
+    print(f"history:   {len(history)} crash(es) and step-down(s)", file=out)
     if history:
         rows = [("time", "cause", "phase", "exit", "fraction", "next", "location")]
         for h in history[-20:]:

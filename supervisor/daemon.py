@@ -328,8 +328,9 @@ class Daemon:
         assert self.core is not None
         phase = self.core.phase
         kernel = await asyncio.to_thread(_read_tail, self.cfg.logging.kernel_log)
-        diagnosis = diagnose(
-            server.tail.get(), exit_status=status, phase=phase, kernel_log=kernel, pids=server.tree_pids()
+        diagnosis = await asyncio.to_thread(
+            diagnose, server.tail.get(), exit_status=status, phase=phase, kernel_log=kernel,
+            pids=server.tree_pids(),
         )
         await server.close()
         if self.server is server:

@@ -1,0 +1,489 @@
+"""Crash diagnosis: the rules of judgment, one by one, and accuracy on the real-log corpus."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import free_port
+
+from supervisor.diagnosis import (
+    INTERNAL_ERROR_TYPE,
+    MAX_TAIL_BYTES,
+    describe_action,
+    diagnose,
+    kernel_oom_line,
+    tail_text,
+)
+from supervisor.model import LOG_CAUSES, Cause, Diagnosis, ExitStatus, Phase, Remedy
+
+CORPUS = Path(__file__).parent / "data" / "crashlogs"
+MEMORY_CAUSES = {"cuda_oom_runtime", "cuda_oom_startup", "kv_pool_too_small", "host_oom"}
+
+TS = "[2026-03-01 12:00:00 TP0] "
+
+
+def sim_runtime_oom(prefix: str = TS) -> str:
+    """The simulator's runtime OOM: a scheduler traceback, then SGLang's SIGQUIT line."""
+    body = [
+        "Scheduler hit an exception: Traceback (most recent call last):",
+        '  File "/opt/sglang/python/sglang/srt/managers/scheduler.py", line 2890, in run_scheduler_process',
+        "    scheduler.event_loop_overlap()",
+        '  File "/opt/sglang/python/sglang/srt/managers/scheduler.py", line 1010, in event_loop_overlap',
+        "    batch_result = self.run_batch(batch)",
+        '  File "/opt/sglang/python/sglang/srt/models/deepseek_v2.py", line 2919, in forward',
+        "    hidden_states = self.model(input_ids, positions, forward_batch)",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+        "capacity of 95.00 GiB of which 1.12 GiB is free.",
+    ]
+    lines = [TS + body[0], *(prefix + line for line in body[1:])]
+    lines.append("[2026-03-01 12:00:01] SIGQUIT received. signum=None, frame=None. It usually means one child failed.")
+    return "\n".join(lines) + "\n"
+
+
+def traceback(frames: list[tuple[str, int, str, str]], error: str, prefix: str = "") -> str:
+    """A Python traceback with the given (file, line, function, source) frames."""
+    lines = [f"{prefix}Traceback (most recent call last):"]
+    for path, lineno, func, source in frames:
+        lines += [f'{prefix}  File "{path}", line {lineno}, in {func}', f"{prefix}    {source}"]
+    return "\n".join([*lines, prefix + error]) + "\n"
+
+
+INIT_FRAMES = [
+    ("/sgl/srt/managers/scheduler.py", 2009, "run_scheduler_process", "scheduler = Scheduler(server_args, port_args)"),
+    ("/sgl/srt/managers/tp_worker.py", 74, "__init__", "self.model_runner = ModelRunner("),
+    ("/sgl/srt/model_executor/model_runner.py", 216, "initialize", "self.init_memory_pool()"),
+]
+OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 448.00 MiB."
+
+
+# --------------------------------------------------------------------------- the simulator's shapes
+
+
+@pytest.mark.parametrize("prefix", [TS, ""], ids=["prefixed", "bare"])
+@pytest.mark.parametrize("phase", [Phase.SERVING, None])
+def test_simulator_runtime_oom_reads_as_runtime_with_location_and_rank(prefix: str, phase: Phase | None) -> None:
+    """The simulator's serving OOM is cuda_oom_runtime at deepseek_v2.py:2919 forward on TP0."""
+    d = diagnose(sim_runtime_oom(prefix), exit_status=ExitStatus(signal=9), phase=phase)
+    assert d.cause is Cause.CUDA_OOM_RUNTIME
+    assert d.remedy is Remedy.FRACTION_DOWN
+    assert d.location == "deepseek_v2.py:2919 forward"
+    assert d.rank == "TP0"
+    assert d.phase is Phase.SERVING
+    assert d.exc_type == "torch.OutOfMemoryError"
+    assert d.exc_message and d.exc_message.startswith("CUDA out of memory")
+    assert d.evidence_lineno == 8
+
+
+def test_not_enough_memory_at_startup_raises_the_fraction() -> None:
+    """'Not enough memory ... increase --mem-fraction-static' is a KV pool too small: go up."""
+    log = traceback(INIT_FRAMES, "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: 0.70", TS)
+    d = diagnose(log, phase=Phase.STARTING)
+    assert d.cause is Cause.KV_POOL_TOO_SMALL
+    assert d.remedy is Remedy.FRACTION_UP
+    assert d.phase is Phase.STARTING
+    assert d.location == "model_runner.py:216 initialize"
+
+
+# --------------------------------------------------------------------------- OOM: which way to move
+
+
+def test_oom_during_cuda_graph_capture_lowers_the_fraction() -> None:
+    """A CUDA OOM wrapped by 'Capture cuda graph failed' is a startup OOM: fraction down."""
+    frames = [*INIT_FRAMES[:2], ("/sgl/srt/model_executor/model_runner.py", 934, "init_cuda_graphs", "self.cuda_graph_runner = CudaGraphRunner(self)")]
+    d = diagnose(traceback(frames, "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 448.00 MiB."), phase=None)
+    assert (d.cause, d.remedy, d.phase) == (Cause.CUDA_OOM_STARTUP, Remedy.FRACTION_DOWN, Phase.STARTING)
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        ("/sgl/srt/model_executor/model_runner.py", 361, "load_model", "self.model = get_model("),
+        ("/sgl/srt/model_executor/model_runner.py", 1740, "init_memory_pool", "self.token_to_kv_pool = MHATokenToKVPool("),
+    ],
+    ids=["weights", "kv_pool_init"],
+)
+def test_oom_while_loading_weights_or_allocating_the_pool_clears_the_gpu(frame: tuple[str, int, str, str]) -> None:
+    """An OOM in load_model/init_memory_pool is not fixed by a lower fraction: clear the GPU."""
+    d = diagnose(traceback([*INIT_FRAMES, frame], OOM), phase=Phase.STARTING)
+    assert d.cause is Cause.CUDA_OOM_STARTUP
+    assert d.remedy is Remedy.CLEAR_GPU
+
+
+def test_oom_after_weight_loading_progress_line_clears_the_gpu() -> None:
+    """With no frames, the last progress line (weights still loading) decides the stage."""
+    log = TS + "Load weight begin. avail mem=78.00 GB\n" + TS + "Failed to initialize moe: CUDA out of memory. Tried to allocate 24.00 MiB.\n"
+    d = diagnose(log, phase=None)
+    assert (d.cause, d.remedy) == (Cause.CUDA_OOM_STARTUP, Remedy.CLEAR_GPU)
+
+
+def test_bare_oom_follows_the_phase_the_daemon_saw() -> None:
+    """A CUDA OOM with no context is startup or runtime as the daemon saw the server."""
+    assert diagnose(OOM, phase=Phase.STARTING).cause is Cause.CUDA_OOM_STARTUP
+    assert diagnose(OOM, phase=Phase.SERVING).cause is Cause.CUDA_OOM_RUNTIME
+
+
+def test_daemon_serving_phase_is_believed_over_startup_looking_frames() -> None:
+    """Once /health answered 200 the server was serving, whatever the frames suggest."""
+    assert diagnose(traceback(INIT_FRAMES, OOM), phase=Phase.SERVING).cause is Cause.CUDA_OOM_RUNTIME
+
+
+def test_serving_context_overrides_a_starting_daemon_phase() -> None:
+    """Batch lines and forward frames before the OOM mean it happened while serving."""
+    log = TS + "Decode batch. #running-req: 12, #token: 4000, token usage: 0.40\n" + traceback(
+        [("/sgl/srt/model_executor/model_runner.py", 1199, "forward_extend", "return self.model.forward(")], OOM
+    )
+    assert diagnose(log, phase=Phase.STARTING).cause is Cause.CUDA_OOM_RUNTIME
+
+
+def test_kv_pool_exhausted_while_serving_restarts_without_raising() -> None:
+    """'Decode out of memory' is the KV pool, never CUDA memory; while serving: plain restart."""
+    d = diagnose(TS + "Decode batch. #running-req: 167\nRuntimeError: Decode out of memory. Try to lower your batch size.\n", phase=None)
+    assert d.cause is Cause.KV_POOL_TOO_SMALL
+    assert d.phase is Phase.SERVING
+    assert d.remedy is Remedy.RESTART
+
+
+def test_nccl_failure_to_allocate_is_a_cuda_oom() -> None:
+    """An NCCL 'unhandled cuda error' whose details say 'out of memory' is a CUDA OOM."""
+    log = (
+        "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3356, unhandled cuda error "
+        "(run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\n"
+        "ncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\nCuda failure 'out of memory'\n"
+    )
+    assert diagnose(log, phase=Phase.SERVING).cause is Cause.CUDA_OOM_RUNTIME
+
+
+# --------------------------------------------------------------------------- host memory
+
+
+def test_pin_memory_invalid_argument_is_host_memory() -> None:
+    """'CUDA error: invalid argument' from torch.empty(pin_memory=True) is host memory."""
+    frames = [("/sgl/srt/mem_cache/memory_pool_host.py", 240, "init_kv_buffer", "return torch.empty(size, pin_memory=True)")]
+    d = diagnose(traceback(frames, "RuntimeError: CUDA error: invalid argument"))
+    assert (d.cause, d.remedy) == (Cause.HOST_OOM, Remedy.HICACHE_DOWN)
+    assert d.evidence[0] == "RuntimeError: CUDA error: invalid argument"
+    assert any("pin_memory" in line for line in d.evidence)
+
+
+def test_invalid_argument_without_pinned_memory_is_a_cuda_error() -> None:
+    """The same message from a kernel launch is a CUDA error, not host memory."""
+    frames = [("/x/flash_attn_interface.py", 233, "flash_attn_varlen_func", "out = torch.ops.fa.varlen_fwd(")]
+    assert diagnose(traceback(frames, "RuntimeError: CUDA error: invalid argument")).cause is Cause.CUDA_ERROR
+
+
+def test_sigkill_without_traceback_plus_kernel_oom_line_is_host_oom() -> None:
+    """SIGKILL, no traceback, and the kernel OOM-killed one of our pids: host OOM."""
+    kernel = "[12345.6] Out of memory: Killed process 4242 (python3) total-vm:1234kB, anon-rss:99kB\n"
+    d = diagnose("[2026-03-01 12:00:00] Decode batch. #running-req: 3\n", exit_status=ExitStatus(signal=9),
+                 phase=Phase.SERVING, kernel_log=kernel, pids=[4241, 4242])
+    assert d.cause is Cause.HOST_OOM
+    assert d.evidence == (kernel.strip(),)
+
+
+def test_kernel_oom_line_for_a_foreign_pid_does_not_count() -> None:
+    """A kernel OOM kill of someone else's process says nothing about our crash."""
+    kernel = "Out of memory: Killed process 999 (java)\n"
+    d = diagnose("Killed\n", exit_status=ExitStatus(signal=9), kernel_log=kernel, pids=[4242])
+    assert d.cause is Cause.OTHER
+    assert kernel_oom_line("oom-kill:constraint=CONSTRAINT_NONE,task=python3,pid=4242,uid=0", [4242])
+
+
+def test_kernel_oom_does_not_override_a_specific_log_cause() -> None:
+    """A named cause in the log (here a bad flag) stands even with a kernel OOM line."""
+    d = diagnose("launch_server.py: error: unrecognized arguments: --tp 8\n", kernel_log="Out of memory: Killed process 7 (python)", pids=[7])
+    assert d.cause is Cause.CONFIG_ERROR
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "[2026-03-01 12:00:00] Rank 0 scheduler died during initialization (exit code: -9). If you see this, it may be an OOM.",
+        "[2026-03-01 12:00:00] Subprocess scheduler_TP3 (pid=1234) crashed with exit code -9. Triggering SIGQUIT for cleanup...",
+    ],
+)
+def test_scheduler_killed_by_sigkill_points_at_host_memory(line: str) -> None:
+    """0.5.23's 'exit code -9' for a scheduler is the kernel OOM killer's signature."""
+    assert diagnose(line + "\nKilled\n").cause is Cause.HOST_OOM
+
+
+def test_kills_after_sglang_sigquit_are_its_own_cleanup() -> None:
+    """After 'Received sigquit' SGLang SIGKILLs its tree: a -9 there is not host OOM."""
+    log = "[2026-03-01 12:00:00] Received sigquit from a child process. It usually means the child failed.\nWorker died, exit code: -9\nKilled\n"
+    assert diagnose(log).cause is Cause.OTHER
+
+
+# --------------------------------------------------------------------------- first specific error
+
+
+def test_generic_lines_alone_carry_no_cause() -> None:
+    """SIGQUIT / sigquit / Killed / EngineDeadError lines say nothing: other."""
+    log = "\n".join([
+        "[2026-03-01 12:00:00 TP1] Scheduler hit an exception: Traceback (most recent call last):",
+        "[2026-03-01 12:00:01] SIGQUIT received. signum=None, frame=None. It usually means one child failed.",
+        "[2026-03-01 12:00:01] Received sigquit from a child process. It usually means the child failed.",
+        "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.",
+        "Killed",
+    ])
+    d = diagnose(log, exit_status=ExitStatus(signal=9))
+    assert d.cause is Cause.OTHER
+    assert d.evidence == ()
+
+
+def test_first_specific_error_wins_over_later_consequences() -> None:
+    """An illegal memory access, then peers' NCCL timeouts: the CUDA error is the cause."""
+    log = (
+        traceback([("/sgl/srt/managers/scheduler.py", 1117, "run_batch", "self.tp_worker.forward_batch_generation(b)")],
+                  "RuntimeError: CUDA error: an illegal memory access was encountered", "[2026-03-01 12:00:00 TP6] ")
+        + "[rank1]:[E1001 16:06:04 ProcessGroupNCCL.cpp:607] [Rank 1] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=1, OpType=ALLREDUCE) ran for 600019 milliseconds before timing out.\n"
+    )
+    d = diagnose(log)
+    assert d.cause is Cause.CUDA_ERROR
+    assert d.rank == "TP6"
+    assert d.phase is Phase.SERVING
+
+
+@pytest.mark.parametrize(
+    ("wrapped", "cause"),
+    [
+        ("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer", Cause.NCCL_ERROR),
+        ("RuntimeError: CUDA error: an illegal memory access was encountered", Cause.CUDA_ERROR),
+        ("CUDA out of memory. Tried to allocate 2.00 GiB.", Cause.CUDA_OOM_STARTUP),
+    ],
+)
+def test_capture_wrapper_is_read_for_the_error_it_holds(wrapped: str, cause: Cause) -> None:
+    """'Capture cuda graph failed: X' is diagnosed by X, not by the wrapper."""
+    assert diagnose(f"Exception: Capture cuda graph failed: {wrapped}\n", phase=None).cause is cause
+
+
+def test_illegal_memory_access_inside_nccl_frames_is_a_cuda_error() -> None:
+    """An illegal memory access surfacing in NCCL's frames is a CUDA fault, not NCCL."""
+    frames = [
+        ("/sgl/srt/distributed/device_communicators/pynccl.py", 120, "all_reduce", "self.nccl.ncclAllReduce("),
+        ("/sgl/srt/distributed/device_communicators/pynccl_wrapper.py", 350, "NCCL_CHECK", 'raise RuntimeError(f"NCCL error: {error_str}")'),
+    ]
+    log = traceback(frames, "RuntimeError: NCCL error: unhandled cuda error; Cuda failure 'an illegal memory access was encountered'")
+    assert diagnose(log).cause is Cause.CUDA_ERROR
+
+
+def test_source_lines_in_a_traceback_are_not_evidence() -> None:
+    """A frame's source line that says 'out of memory' does not make a ValueError an OOM."""
+    frames = [("/x/engine.py", 10, "step", 'if "CUDA out of memory" in str(e): raise ValueError("bad request")')]
+    d = diagnose(traceback(frames, "ValueError: bad request"))
+    assert d.cause is Cause.OTHER
+    assert d.exc_type == "ValueError"
+    assert d.location == "engine.py:10 step"
+
+
+def test_errors_before_the_server_became_ready_did_not_kill_it() -> None:
+    """A port warning at startup followed by 'ready to roll' is not the cause of a later death."""
+    log = "\n".join([
+        "ERROR: [Errno 98] error while attempting to bind on address ('0.0.0.0', 9000): address already in use",
+        "[2026-03-01 12:00:00] The server is fired up and ready to roll!",
+        "[2026-03-01 13:00:00] Watchdog timeout (self.watchdog_timeout=300)",
+    ])
+    assert diagnose(log, phase=Phase.SERVING).cause is Cause.WATCHDOG_HANG
+
+
+def test_an_error_the_server_kept_serving_after_is_not_the_cause() -> None:
+    """Hundreds of batch lines after an error show it was not fatal."""
+    log = "RuntimeError: CUDA error: an illegal memory access was encountered\n" + "Decode batch. #running-req: 3\n" * 300
+    assert diagnose(log + "Killed\n", phase=Phase.SERVING).cause is Cause.OTHER
+
+
+def test_startup_info_lines_that_mention_gloo_or_process_groups_are_not_errors() -> None:
+    """'[Gloo] Rank 0 is connected' and ProcessGroupNCCL barrier warnings are normal startup."""
+    log = "\n".join([
+        "[Gloo] Rank 0 is connected to 7 peer ranks. Expected number of connected peer ranks is : 7",
+        "[rank0]:[W1101 ProcessGroupNCCL.cpp:4561] [PG ID 0 PG GUID 0 Rank 0]  using GPU 0 to perform barrier as "
+        "devices used by this process are currently unknown. This can potentially cause a hang.",
+        TS + "Capture cuda graph begin. This can take up to several minutes. avail mem=10.00 GB",
+        "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 2.00 GiB.",
+    ])
+    assert diagnose(log, phase=Phase.STARTING).cause is Cause.CUDA_OOM_STARTUP
+
+
+# --------------------------------------------------------------------------- other causes
+
+
+@pytest.mark.parametrize(
+    ("line", "cause", "remedy"),
+    [
+        ("[2026-03-01 12:00:00 TP3] Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)", Cause.WATCHDOG_HANG, Remedy.RESTART),
+        ("[rank5]:[E814 ProcessGroupNCCL.cpp:607] [Rank 5] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=4476)", Cause.NCCL_ERROR, Remedy.RESTART),
+        ("RuntimeError: CUDA error: no kernel image is available for execution on the device", Cause.CUDA_ERROR, Remedy.GIVE_UP),
+        ("torch.AcceleratorError: CUDA error: the provided PTX was compiled with an unsupported toolchain.", Cause.CUDA_ERROR, Remedy.GIVE_UP),
+        ("RuntimeError: CUDA error: device-side assert triggered", Cause.CUDA_ERROR, Remedy.RESTART),
+        ("kernel: NVRM: Xid (PCI:0000:97:00): 79, pid=1234, name=python3, GPU has fallen off the bus.", Cause.GPU_HW_ERROR, Remedy.GIVE_UP),
+        ("OSError: [Errno 98] Address already in use", Cause.PORT_IN_USE, Remedy.CLEAR_GPU),
+        ("ValueError: Not enough host memory available. Requesting 40.00 GB but only have 30.00 GB free.", Cause.HOST_OOM, Remedy.HICACHE_DOWN),
+        ("ValueError: Model architectures ['FooForCausalLM'] are not supported for now.", Cause.MODEL_LOAD_ERROR, Remedy.GIVE_UP),
+        ("launch_server.py: error: unrecognized arguments: --cuda-graph-max-bs 8", Cause.CONFIG_ERROR, Remedy.GIVE_UP),
+        ("ValueError: --chunked-prefill-size must be at most --max-prefill-tokens", Cause.CONFIG_ERROR, Remedy.GIVE_UP),
+    ],
+)
+def test_specific_lines_name_their_cause_and_remedy(line: str, cause: Cause, remedy: Remedy) -> None:
+    """Each kind of failure line maps to its cause and the remedy the policy knows."""
+    d = diagnose(line + "\n")
+    assert (d.cause, d.remedy) == (cause, remedy)
+    assert d.evidence == (line,)
+    assert d.evidence_lineno == 1
+
+
+def test_application_xids_are_not_hardware_failures() -> None:
+    """Xid 13/31/43 are faults of the application; only hardware Xids (79, 94...) count."""
+    assert diagnose("NVRM: Xid (PCI:0000:00:05): 43, pid=1045242, name=pt_main_thread, Ch 00000008\n").cause is Cause.OTHER
+
+
+def test_keyerror_while_loading_weights_is_a_model_load_error() -> None:
+    """A KeyError raised from load_weights is a checkpoint that does not match the model."""
+    frames = [("/sgl/srt/models/deepseek_v2.py", 3000, "load_weights", "param = params_dict[name]")]
+    assert diagnose(traceback(frames, "KeyError: 'model.layers.13.mlp.experts.w2_weight_scale'")).cause is Cause.MODEL_LOAD_ERROR
+
+
+def test_multiline_exception_message_is_read_whole() -> None:
+    """A DistNetworkError whose message lines say EADDRINUSE is a port in use."""
+    log = "torch.distributed.DistNetworkError:\nThe server socket has failed to listen.\ncode: -98,\nname: EADDRINUSE,\n"
+    d = diagnose(log)
+    assert d.cause is Cause.PORT_IN_USE
+    assert d.exc_type == "torch.distributed.DistNetworkError"
+    assert d.evidence_lineno == 1
+
+
+def test_argparse_exit_code_two_is_a_config_error() -> None:
+    """Exit code 2 with argparse's usage line is a configuration error."""
+    d = diagnose("usage: launch_server.py [-h] --model-path MODEL_PATH\n", exit_status=ExitStatus(code=2))
+    assert d.cause is Cause.CONFIG_ERROR
+
+
+def test_rank_with_data_parallel_part() -> None:
+    """A 'DP1 TP3' prefix is reported as that rank."""
+    d = diagnose("[2026-03-01 12:00:00 DP1 TP3] RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    assert d.rank == "DP1 TP3"
+
+
+def test_only_the_tail_is_read_and_line_numbers_are_within_it() -> None:
+    """A huge log is cut to its tail; the evidence line number counts from the tail's start."""
+    noise = b"x" * 99 + b"\n"
+    data = noise * (MAX_TAIL_BYTES // len(noise) + 1000) + b"RuntimeError: CUDA error: an illegal memory access was encountered\n"
+    text = tail_text(data)
+    assert len(text) <= MAX_TAIL_BYTES
+    d = diagnose(data)
+    assert d.cause is Cause.CUDA_ERROR
+    assert d.evidence_lineno == text.count("\n")
+
+
+def test_diagnosis_failure_is_reported_not_raised() -> None:
+    """Whatever goes wrong inside, diagnose answers 'other' and says so in exc_type."""
+    d = diagnose(12345)  # type: ignore[arg-type]
+    assert d.cause is Cause.OTHER
+    assert d.exc_type == INTERNAL_ERROR_TYPE
+
+
+# --------------------------------------------------------------------------- the real simulator
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("version", "mode", "phase", "cause", "location"),
+    [
+        ("0.5.6", "runtime_oom", Phase.SERVING, Cause.CUDA_OOM_RUNTIME, "deepseek_v2.py:2919 forward"),
+        ("0.5.23", "startup_oom", Phase.STARTING, Cause.CUDA_OOM_STARTUP, "cuda_graph_runner.py:379 __init__"),
+        ("0.5.6", "kv_pool", Phase.STARTING, Cause.KV_POOL_TOO_SMALL, "model_runner.py:1402 init_memory_pool"),
+        ("0.5.23", "model_load", Phase.STARTING, Cause.MODEL_LOAD_ERROR, None),
+        ("0.5.23", "host_oom", Phase.SERVING, Cause.HOST_OOM, None),
+    ],
+)
+def test_simulator_deaths_are_read_right(
+    version: str, mode: str, phase: Phase, cause: Cause, location: str | None, tmp_path: Path, no_leftovers: None
+) -> None:
+    """The simulator's output for each failure mode, as the daemon captures it, reads right."""
+    argv = [
+        sys.executable, "-m", "supervisor.simulator", "--model-path", str(tmp_path / "model"),
+        "--port", str(free_port()), "--tp-size", "2", "--sim-version", version, "--sim-fail", mode,
+        "--sim-load-s", "0.2", "--sim-fail-after-s", "0.3",
+    ]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"simulator --sim-fail {mode} did not die within 90 s")
+    d = diagnose(out, exit_status=ExitStatus.from_returncode(proc.returncode), phase=phase)
+    assert d.cause is cause, out.decode(errors="replace")[-3000:]
+    if location:
+        assert d.location == location
+    assert d.rank and d.rank.startswith("TP")
+
+
+# --------------------------------------------------------------------------- the action sentence
+
+
+@pytest.mark.parametrize(
+    ("d", "words"),
+    [
+        (Diagnosis(Cause.CUDA_OOM_RUNTIME, Phase.SERVING), ("Lower --mem-fraction-static from 0.93", "serving")),
+        (Diagnosis(Cause.KV_POOL_TOO_SMALL, Phase.STARTING), ("Raise --mem-fraction-static from 0.93", "worse")),
+        (Diagnosis(Cause.KV_POOL_TOO_SMALL, Phase.SERVING, remedy_override=Remedy.RESTART), ("Restart", "--max-running-requests")),
+        (Diagnosis(Cause.HOST_OOM, Phase.STARTING), ("--hicache-size", "host memory")),
+        (Diagnosis(Cause.CUDA_OOM_STARTUP, Phase.STARTING, remedy_override=Remedy.CLEAR_GPU), ("holds the GPU", "would not help")),
+        (Diagnosis(Cause.PORT_IN_USE, Phase.STARTING), ("port",)),
+        (Diagnosis(Cause.CUDA_ERROR, Phase.STARTING, remedy_override=Remedy.GIVE_UP), ("Give up", "a CUDA error")),
+        (Diagnosis(Cause.NCCL_ERROR, Phase.SERVING), ("Restart with backoff", "NCCL")),
+    ],
+)
+def test_describe_action_says_what_and_why_in_one_sentence(d: Diagnosis, words: tuple[str, ...]) -> None:
+    """The action sentence names the move and the reason."""
+    sentence = describe_action(d, fraction=0.93)
+    assert all(w in sentence for w in words), sentence
+    assert sentence.endswith(".") and sentence.count(". ") == 0
+
+
+# --------------------------------------------------------------------------- the corpus
+
+
+def _labels() -> dict[str, str]:
+    rows = (CORPUS / "labels.tsv").read_text().splitlines()[1:]
+    return {row.split("\t")[0]: row.split("\t")[1] for row in rows if row.strip()}
+
+
+def test_corpus_copy_is_complete() -> None:
+    """Every labelled log is in the test data, with a cause the classifier may return."""
+    labels = _labels()
+    assert len(labels) >= 60
+    assert all((CORPUS / f"{name}.log").is_file() for name in labels)
+    assert set(labels.values()) <= {str(c) for c in LOG_CAUSES}
+
+
+def test_corpus_accuracy_and_no_memory_confusions() -> None:
+    """≥ 95 % of the real logs get their labelled cause; the four memory causes never mix."""
+    labels = _labels()
+    confusion: collections.Counter[tuple[str, str]] = collections.Counter()
+    wrong = []
+    for name, label in sorted(labels.items()):
+        got = str(diagnose((CORPUS / f"{name}.log").read_bytes(), phase=None).cause)
+        confusion[(label, got)] += 1
+        if got != label:
+            wrong.append(f"{name}: labelled {label}, diagnosed {got}")
+    causes = sorted({c for pair in confusion for c in pair})
+    width = max(map(len, causes))
+    print("\nconfusion matrix (rows: label, columns: diagnosis)")
+    print(" " * width + " " + " ".join(f"{i:>3}" for i in range(len(causes))))
+    for i, row in enumerate(causes):
+        print(f"{row:>{width}} " + " ".join(f"{confusion[(row, col)] or '.':>3}" for col in causes) + f"  [{i}]")
+    correct = sum(n for (label, got), n in confusion.items() if label == got)
+    print(f"{correct}/{len(labels)} correct; wrong: {wrong or 'none'}")
+    memory_mixups = [
+        f"{label} -> {got}"
+        for (label, got) in confusion
+        if label != got and label in MEMORY_CAUSES and got in MEMORY_CAUSES
+    ]
+    assert not memory_mixups
+    assert correct / len(labels) >= 0.95, wrong
