@@ -1,0 +1,431 @@
+"""Prometheus metrics: an ``EventSink`` that turns the daemon's events into metrics.
+
+Every metric is derived from the events of ``supervisor.events`` (the field names there are
+the contract), except two config values given at construction (the ladder's floor, the
+headroom minimum) that the alert rules compare against. Metrics live in an injected
+``CollectorRegistry`` (never the global one), named ``sglang_supervisor_*`` in base units.
+Labels are bounded: a crash cause (the ``Cause`` values, every one pre-initialised to 0 so
+``increase()`` works from the first crash), a supervisor state, a GPU index + UUID (named
+``gpu`` and ``UUID`` like DCGM exporter's, so the two join ``on(UUID)``), a rank ("TP0"),
+an alert kind. Never a pid, a path or a message.
+
+The exporter is prometheus_client's threaded HTTP server, bound to exactly the configured
+host: a scrape runs in its own thread and never waits on the event loop, and ``emit`` only
+updates in-memory values, so neither can delay a restart decision.
+
+What SGLang exports itself with ``--enable-metrics`` (``sglang:*``: queue, throughput,
+token usage, latency) is not duplicated here; see docs/metrics.md for scraping both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from wsgiref.simple_server import WSGIServer
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+
+from supervisor import __version__
+from supervisor.events import ALERT_KINDS
+from supervisor.model import Cause, State
+
+PREFIX = "sglang_supervisor"
+GIB = 1024**3  # SGLang prints GPU memory ("avail mem=0.82 GB") in GiB (x / (1 << 30))
+HICACHE_GB = 10**9  # --hicache-size is in decimal GB (SGLang multiplies it by 1e9)
+NAN = math.nan
+
+# Seconds. A big model loads for 10-30 min, the simulator for a few seconds.
+STARTUP_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 900, 1200, 1800, 2700, 3600)
+# Seconds. A healthy SGLang /health runs a 1-token generation (~1 s); its own timeout is 20 s.
+PROBE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0)
+
+# Events counted in sglang_supervisor_events_total{event}: rare and worth a glance.
+COUNTED_EVENTS = (
+    "orphans_killed",
+    "foreign_gpu_process",
+    "preflight_failed",
+    "headroom_low",
+    "gpu_memory_stuck",
+    "gpu_low_free",
+    "server_stopped",
+    "config_reloaded",
+)
+PROBE_FAILURE_REASONS = ("http_status", "no_response")  # an answer that is not 200 / none
+MQTT_FAILURE_REASONS = ("auth", "config", "tls", "timeout", "error")  # supervisor.alerts._failure
+# The MQTT adapter's on_health(kind, value) callback, as events: kind -> the value's field.
+ALERTING_HEALTH_FIELDS = {
+    "alert_sent": "kind",
+    "alert_dropped": "kind",
+    "mqtt_connected": "connected",
+    "mqtt_connect_failed": "reason",
+}
+ALERT_KIND_LABELS = (*sorted(set(ALERT_KINDS.values())), "other")
+
+log = structlog.get_logger(__name__)
+
+
+class MetricsError(Exception):
+    """The metrics endpoint could not be served (bad address, port taken)."""
+
+
+def _number(value: Any) -> float | None:
+    """A finite float from an event field, or None (absent, null, garbage)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _gauge_value(value: Any, scale: float = 1.0) -> float:
+    """An event field as a gauge value: NaN when unknown, so comparisons are false."""
+    number = _number(value)
+    return NAN if number is None else number * scale
+
+
+def _cause(value: Any) -> str:
+    """A bounded cause label: the ``Cause`` value, or "other"."""
+    try:
+        return str(Cause(value))
+    except ValueError:
+        return str(Cause.OTHER)
+
+
+def _state(value: Any) -> State | None:
+    try:
+        return State(value)
+    except ValueError:
+        return None
+
+
+class Metrics:
+    """The daemon's Prometheus metrics, fed by events; implements ``EventSink``.
+
+    ``emit`` never raises and never blocks. Besides the daemon events it accepts the
+    alerting-health events ``alert_sent`` {kind}, ``alert_dropped`` {kind},
+    ``mqtt_connected`` {connected: bool} and ``mqtt_connect_failed`` {reason}; the MQTT
+    adapter reports them through ``alerting_health(kind, value)``, its ``on_health`` hook.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        clock: Callable[[], float] = time.time,
+        fraction_ladder: Sequence[float] = (),
+        headroom_min_gb: float | None = None,
+    ) -> None:
+        self._clock = clock  # wall clock: only for the last-crash timestamp
+        self._state: State = State.STOPPED
+        self._probe_ok = False
+        self._gave_up = False
+
+        def gauge(name: str, doc: str, labels: Iterable[str] = ()) -> Gauge:
+            return Gauge(f"{PREFIX}_{name}", doc, list(labels), registry=registry)
+
+        def counter(name: str, doc: str, labels: Iterable[str] = ()) -> Counter:
+            return Counter(f"{PREFIX}_{name}", doc, list(labels), registry=registry)
+
+        self.build_info = Info(f"{PREFIX}_build", "The supervisor's version.", registry=registry)
+        self.build_info.info({"version": __version__})
+        # Server and supervisor state.
+        self.server_up = gauge("server_up", "1 when the SGLang server is READY and its last health probe passed, else 0.")
+        self.state = gauge("state", "The supervisor state: 1 for the current one, 0 for the others.", ["state"])
+        self.gave_up = gauge("gave_up", "1 when the supervisor gave up restarting the server and waits for a human.")
+        self.launches = counter("launches", "Server launches (the first one and every restart).")
+        # Crashes and restarts.
+        self.crashes = counter("crashes", "Server crashes by diagnosed cause.", ["cause"])
+        self.restarts = counter("restarts", "Restarts scheduled by the cause of the crash that led to them.", ["cause"])
+        self.last_crash = gauge("last_crash_timestamp_seconds", "Unix time of the last crash (0 = none since the supervisor started).")
+        self.consecutive_failures = gauge("consecutive_failures", "Crashes in a row as of the last crash; 0 once the server is ready again.")
+        self.backoff_delay = gauge("backoff_delay_seconds", "Delay before the scheduled restart while waiting it out, else 0.")
+        # The memory settings the supervisor chose.
+        self.fraction = gauge("mem_fraction_static", "--mem-fraction-static of the current launch (NaN = left to SGLang).")
+        self.fraction_floor = gauge("mem_fraction_static_floor", "The lowest rung of the configured mem_fraction_static ladder (NaN = unknown).")
+        self.ladder_rung = gauge("mem_fraction_ladder_rung", "0-based ladder rung of the current launch's fraction (NaN = off the ladder).")
+        self.hicache = gauge("hicache_size_bytes", "--hicache-size of the current launch, host memory per TP rank (0 = off).")
+        self.headroom_min = gauge("headroom_min_bytes", "Configured minimum GPU headroom after CUDA-graph capture (NaN = unknown).")
+        # Timings.
+        self.startup_duration = Histogram(
+            f"{PREFIX}_startup_duration_seconds", "Time from launch to the first healthy answer.",
+            buckets=STARTUP_BUCKETS, registry=registry,
+        )
+        self.probe_duration = Histogram(
+            f"{PREFIX}_health_probe_duration_seconds", "Duration of health probes of a started server.",
+            buckets=PROBE_BUCKETS, registry=registry,
+        )
+        self.probe_failures = counter(
+            "health_probe_failures", "Failed health probes of a started server, by reason (http_status | no_response).", ["reason"],
+        )
+        # GPUs and ranks.
+        gpu_labels = ("gpu", "UUID")  # DCGM exporter's label names: join on(UUID)
+        self.gpu_total = gauge("gpu_memory_total_bytes", "Total memory of each GPU.", gpu_labels)
+        self.gpu_free = gauge("gpu_memory_free_bytes", "Free memory of each GPU at the last sample.", gpu_labels)
+        self.gpu_probe_errors = counter("gpu_probe_errors", "Failed GPU memory samples (NVML or simulated backend).")
+        self.gpu_memory_stuck = gauge("gpu_memory_stuck", "1 when GPU memory did not free after the server died, until the next launch.")
+        rank_facts = {
+            "avail_mem_after_capture_gb": ("rank_avail_memory_after_capture_bytes", "GPU memory a rank had left after CUDA-graph capture (headroom for activations).", GIB),
+            "max_total_num_tokens": ("rank_max_total_num_tokens", "KV capacity of a rank (max_total_num_tokens from its startup log).", 1.0),
+            "weights_gb": ("rank_weights_bytes", "GPU memory a rank used for the weights.", GIB),
+            "kv_cache_gb": ("rank_kv_cache_bytes", "GPU memory of a rank's KV cache pool.", GIB),
+        }
+        self._rank_gauges = {
+            key: (gauge(name, doc + " Current run only.", ["rank"]), scale)
+            for key, (name, doc, scale) in rank_facts.items()
+        }
+        # Alerting health and notable events.
+        self.alerts_sent = counter("alerts_sent", "Alerts delivered to the MQTT broker, by kind.", ["kind"])
+        self.alerts_dropped = counter("alerts_dropped", "Alerts dropped (outbox full or undeliverable), by kind.", ["kind"])
+        self.mqtt_connected = gauge("mqtt_connected", "1 when connected to the MQTT broker, 0 when not (NaN = MQTT not reporting).")
+        self.mqtt_connect_failures = counter("mqtt_connect_failures", "Failed connections to the MQTT broker, by reason.", ["reason"])
+        self.events = counter("events", "Notable daemon events by name.", ["event"])
+
+        for metric, label_values in (
+            (self.state, [s.value for s in State]),
+            (self.crashes, [c.value for c in Cause]),
+            (self.restarts, [c.value for c in Cause]),
+            (self.probe_failures, PROBE_FAILURE_REASONS),
+            (self.alerts_sent, ALERT_KIND_LABELS),
+            (self.alerts_dropped, ALERT_KIND_LABELS),
+            (self.mqtt_connect_failures, MQTT_FAILURE_REASONS),
+            (self.events, COUNTED_EVENTS),
+        ):
+            for value in label_values:
+                metric.labels(value)
+        for unknown in (self.fraction, self.ladder_rung, self.mqtt_connected):
+            unknown.set(NAN)
+        self._set_ladder(fraction_ladder)
+        self.headroom_min.set(_gauge_value(headroom_min_gb, GIB))
+        self._set_state(State.STOPPED)
+
+        self._handlers: dict[str, Callable[[Mapping[str, Any]], None]] = {
+            "launch": self._on_launch,
+            "state_changed": self._on_state_changed,
+            "server_ready": self._on_server_ready,
+            "recovered": self._on_recovered,
+            "startup_facts": self._on_startup_facts,
+            "crash": self._on_crash,
+            "restart_scheduled": self._on_restart_scheduled,
+            "gave_up": self._on_gave_up,
+            "headroom_low": self._on_headroom_low,
+            "gpu_memory_stuck": self._on_gpu_memory_stuck,
+            "gpu_sample": self._on_gpu_sample,
+            "gpu_probe_error": self._on_gpu_probe_error,
+            "probe": self._on_probe,
+            "alert_sent": self._on_alert_sent,
+            "alert_dropped": self._on_alert_dropped,
+            "mqtt_connected": self._on_mqtt_connected,
+            "mqtt_connect_failed": self._on_mqtt_connect_failed,
+        }
+
+    # -- EventSink ---------------------------------------------------------------------
+
+    def emit(self, event: str, fields: Mapping[str, Any]) -> None:
+        """Update the metrics an event touches; unknown events are ignored. Never raises."""
+        try:
+            if event in COUNTED_EVENTS:
+                self.events.labels(event).inc()
+            handler = self._handlers.get(event)
+            if handler is not None:
+                handler(fields)
+        except Exception as exc:  # a sink must never raise into a restart decision
+            log.warning("metrics_event_failed", daemon_event=event, error=repr(exc))
+
+    def alerting_health(self, kind: str, value: Any) -> None:
+        """The MQTT adapter's ``on_health(kind, value)`` hook, e.g. ("alert_sent", "crash")."""
+        field = ALERTING_HEALTH_FIELDS.get(kind)
+        if field is not None:
+            self.emit(kind, {field: value})
+
+    # -- state ---------------------------------------------------------------------------
+
+    def _set_state(self, state: State) -> None:
+        self._state = state
+        for s in State:
+            self.state.labels(s.value).set(1 if s is state else 0)
+        if state is State.GAVE_UP:
+            self._gave_up = True
+        elif state in (State.PREPARING, State.STARTING):
+            self._gave_up = False
+        if state not in (State.BACKOFF, State.RESTARTING):
+            self.backoff_delay.set(0)
+        if state is State.READY:
+            self.gpu_memory_stuck.set(0)
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self.server_up.set(1 if self._state is State.READY and self._probe_ok else 0)
+        self.gave_up.set(1 if self._gave_up else 0)
+
+    def _set_ladder(self, ladder: Sequence[float]) -> None:
+        rungs = [x for x in (_number(v) for v in ladder) if x is not None]
+        self.fraction_floor.set(min(rungs) if rungs else NAN)
+
+    def _set_run_settings(self, fields: Mapping[str, Any]) -> None:
+        """The fraction and host cache size the current run was launched with."""
+        if "mem_fraction_static" in fields:
+            self.fraction.set(_gauge_value(fields["mem_fraction_static"]))
+        if "hicache_size_gb" in fields:
+            self.hicache.set(_gauge_value(fields["hicache_size_gb"] or 0, HICACHE_GB))
+
+    # -- handlers --------------------------------------------------------------------------
+
+    def _on_launch(self, fields: Mapping[str, Any]) -> None:
+        self.launches.inc()
+        self._set_run_settings(fields)
+        self.ladder_rung.set(_gauge_value(fields.get("rung")))
+        for rank_gauge, _ in self._rank_gauges.values():
+            rank_gauge.clear()  # rank facts describe one run
+        self._gave_up = False
+        self._probe_ok = False
+        self.backoff_delay.set(0)
+        self.gpu_memory_stuck.set(0)
+        self._refresh()
+
+    def _on_state_changed(self, fields: Mapping[str, Any]) -> None:
+        state = _state(fields.get("to"))
+        if state is not None:
+            if state is State.READY and self._state is not State.READY:
+                self._probe_ok = True  # READY means /health just answered 200
+            self._set_state(state)
+
+    def _on_server_ready(self, fields: Mapping[str, Any]) -> None:
+        self._on_recovered(fields)
+        startup_s = _number(fields.get("startup_s"))
+        if startup_s is not None:
+            self.startup_duration.observe(startup_s)
+        self.consecutive_failures.set(0)
+
+    def _on_recovered(self, fields: Mapping[str, Any]) -> None:
+        self._set_run_settings(fields)
+        self._probe_ok = True
+        self._refresh()
+
+    def _on_startup_facts(self, fields: Mapping[str, Any]) -> None:
+        ranks = fields.get("ranks")
+        if not isinstance(ranks, Mapping):
+            return
+        for rank, facts in ranks.items():
+            if not isinstance(facts, Mapping):
+                continue
+            for key, (rank_gauge, scale) in self._rank_gauges.items():
+                value = _number(facts.get(key))
+                if value is not None:
+                    rank_gauge.labels(str(rank)).set(value * scale)
+
+    def _on_crash(self, fields: Mapping[str, Any]) -> None:
+        self.crashes.labels(_cause(fields.get("cause"))).inc()
+        self.last_crash.set(self._clock())
+        failures = _number(fields.get("consecutive_failures"))
+        if failures is not None:
+            self.consecutive_failures.set(failures)
+        self._probe_ok = False
+        self._refresh()
+
+    def _on_restart_scheduled(self, fields: Mapping[str, Any]) -> None:
+        self.restarts.labels(_cause(fields.get("cause"))).inc()
+        self.backoff_delay.set(_number(fields.get("delay_s")) or 0)
+
+    def _on_gave_up(self, fields: Mapping[str, Any]) -> None:
+        self._gave_up = True
+        self._refresh()
+
+    def _on_headroom_low(self, fields: Mapping[str, Any]) -> None:
+        threshold = _number(fields.get("threshold_gb"))
+        if threshold is not None:
+            self.headroom_min.set(threshold * GIB)
+
+    def _on_gpu_memory_stuck(self, fields: Mapping[str, Any]) -> None:
+        self.gpu_memory_stuck.set(1)
+
+    def _on_gpu_sample(self, fields: Mapping[str, Any]) -> None:
+        for gpu in fields.get("gpus") or ():
+            labels = (str(gpu["index"]), str(gpu.get("uuid") or ""))
+            for metric, key in ((self.gpu_total, "total_bytes"), (self.gpu_free, "free_bytes")):
+                value = _number(gpu.get(key))
+                if value is not None:
+                    metric.labels(*labels).set(value)
+
+    def _on_gpu_probe_error(self, fields: Mapping[str, Any]) -> None:
+        self.gpu_probe_errors.inc()
+
+    def _on_probe(self, fields: Mapping[str, Any]) -> None:
+        if self._state is State.STARTING:
+            return  # startup polls: refused by design until ready; startup_duration covers it
+        duration = _number(fields.get("duration_s"))
+        if duration is not None:
+            self.probe_duration.observe(duration)
+        self._probe_ok = bool(fields.get("ok"))
+        if not self._probe_ok:
+            reason = "no_response" if fields.get("status") is None else "http_status"
+            self.probe_failures.labels(reason).inc()
+        self._refresh()
+
+    @staticmethod
+    def _kind(fields: Mapping[str, Any]) -> str:
+        kind = fields.get("kind")
+        return kind if kind in ALERT_KIND_LABELS else "other"
+
+    def _on_alert_sent(self, fields: Mapping[str, Any]) -> None:
+        self.alerts_sent.labels(self._kind(fields)).inc()
+
+    def _on_alert_dropped(self, fields: Mapping[str, Any]) -> None:
+        self.alerts_dropped.labels(self._kind(fields)).inc()
+
+    def _on_mqtt_connected(self, fields: Mapping[str, Any]) -> None:
+        self.mqtt_connected.set(1 if fields.get("connected") else 0)
+
+    def _on_mqtt_connect_failed(self, fields: Mapping[str, Any]) -> None:
+        reason = fields.get("reason")
+        self.mqtt_connect_failures.labels(reason if reason in MQTT_FAILURE_REASONS else "error").inc()
+
+
+# -- the endpoint ------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class MetricsServer:
+    """A running metrics endpoint; ``port`` is the bound one (useful with port 0)."""
+
+    host: str
+    port: int
+    _server: WSGIServer
+    _thread: threading.Thread
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    async def close(self) -> None:
+        """Stop serving and join the server thread (off the event loop)."""
+        await asyncio.to_thread(self._shutdown)
+
+    def _shutdown(self) -> None:
+        self._server.shutdown()  # waits for serve_forever's poll loop (<= 0.5 s)
+        self._server.server_close()
+        self._thread.join(timeout=10.0)
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """``"HOST:PORT"`` (``"[::1]:PORT"`` for IPv6) as (host, port); MetricsError if bad."""
+    host, sep, port = listen.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise MetricsError(f"metrics.listen = {listen!r}: expected HOST:PORT, e.g. 127.0.0.1:9188")
+    return host, int(port)
+
+
+async def start_metrics_server(listen: str, registry: CollectorRegistry) -> MetricsServer:
+    """Serve ``registry`` on exactly ``listen`` in a thread of its own; MetricsError if not."""
+    host, port = parse_listen(listen)
+    try:
+        server, thread = await asyncio.to_thread(start_http_server, port, host, registry)
+    except (OSError, ValueError) as exc:  # taken port, unknown host, bad address
+        raise MetricsError(f"cannot serve metrics on {listen}: {exc}") from exc
+    return MetricsServer(host, int(server.server_address[1]), server, thread)
