@@ -83,7 +83,8 @@ def _protected(own_pid: int) -> set[int]:
     return keep
 
 
-def _listeners(port: int) -> set[int]:
+def listeners(port: int) -> set[int]:
+    """Pids listening on TCP ``port`` (any address)."""
     pids: set[int] = set()
     try:
         conns = psutil.net_connections(kind="tcp")
@@ -115,7 +116,7 @@ def find_stale(
     own_pgid = _pgid(own_pid)
     pgid = recorded_pgid if recorded_pgid and recorded_pgid > 1 and recorded_pgid != own_pgid else None
     gpu = set(gpu_pids)
-    listening = _listeners(port) if port else set()
+    listening = listeners(port) if port else set()
 
     ours: list[ProcInfo] = []
     seen: set[int] = set()

@@ -112,7 +112,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.dry_run:
             print(json.dumps(list(next_argv(cfg))))
             return 0
-        return run_daemon(cfg, config_path=args.config, overrides=args.overrides)
+        return asyncio.run(run_daemon_async(cfg, config_path=args.config, overrides=args.overrides))
     if cmd == "status":
         return status(cfg, as_json=args.json)
     if cmd == "preflight":
@@ -129,24 +129,6 @@ def _dispatch(args: argparse.Namespace) -> int:
 # --- the daemon's composition root ------------------------------------------------------
 
 
-def run_daemon(
-    cfg: Config,
-    *,
-    config_path: str | None = None,
-    overrides: Sequence[str] = (),
-    extra_sinks: Sequence[Any] = (),
-    log_stream: IO[str] | None = None,
-    on_daemon: Any = None,
-) -> int:
-    """Build the real adapters around a ``Daemon`` and run it to the end."""
-    return asyncio.run(
-        run_daemon_async(
-            cfg, config_path=config_path, overrides=overrides, extra_sinks=extra_sinks,
-            log_stream=log_stream, on_daemon=on_daemon,
-        )
-    )
-
-
 async def run_daemon_async(
     cfg: Config,
     *,
@@ -157,6 +139,7 @@ async def run_daemon_async(
     on_daemon: Any = None,
     install_signals: bool = True,
 ) -> int:
+    """Build the real adapters around a ``Daemon`` and run it to the end."""
     from prometheus_client import CollectorRegistry
 
     from . import gpu, logs

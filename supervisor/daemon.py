@@ -54,8 +54,8 @@ from .machine import (
     TimerFired,
 )
 from .model import Cause, ExitStatus, State
-from .sdnotify import watchdog_loop
 from .process import ProcessError, RotatingLog, ServerProcess, server_env
+from .sdnotify import watchdog_loop
 from .startup_facts import StartupFactsParser
 from .store import StateStore, StoreError
 

@@ -55,7 +55,7 @@ async def _attempt(http: aiohttp.ClientSession, url: str, payload: dict[str, obj
                 raise _Retry(f"HTTP {resp.status}")
             await resp.read()
             return resp.status < 400
-    except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as exc:
+    except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
         raise _Retry(repr(exc)) from exc
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import psutil
 
-from supervisor.cleanup import scan_stale
+from supervisor.cleanup import listeners, scan_stale
 from supervisor.config import Config, ServerConfig
 from supervisor.gpu import GpuProbe, GpuProbeError, make_probe
 
@@ -213,16 +213,11 @@ def _probe_port(host: str, port: int) -> _PortFacts:
 
 def _listeners(port: int) -> dict[int, str]:
     holders: dict[int, str] = {}
-    try:
-        conns = psutil.net_connections(kind="tcp")
-    except (psutil.Error, OSError):
-        return holders
-    for c in conns:
-        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
-            try:
-                holders[c.pid] = psutil.Process(c.pid).name()
-            except psutil.Error:
-                holders[c.pid] = "?"
+    for pid in listeners(port):
+        try:
+            holders[pid] = psutil.Process(pid).name()
+        except psutil.Error:
+            holders[pid] = "?"
     return holders
 
 
