@@ -32,11 +32,18 @@ Every event also carries ``host`` and ``instance`` (added by the daemon).
 | gpu_probe_error     | error, degraded (bool)                                                    |
 | probe               | ok, duration_s, status (HTTP code or None), error (not logged at info)    |
 | preflight_failed    | checks [{name, ok, detail}], permanent                                    |
-| orphans_killed      | pids [int], titles [str]                                                  |
 | foreign_gpu_process | pid, gpu, used_bytes, name                                                |
 | server_stopped      | reason, exit_code, signal                                                 |
 | config_reloaded     | ok, error                                                                 |
 | daemon_stopping     | reason                                                                    |
+| preflight_retry     | cause, detail, delay_s (a retryable preflight/GPU failure, on backoff)    |
+| stable              | after_s (READY long enough: the backoff streak is reset)                  |
+| orphans_killed      | pids, titles, reasons (stale servers of ours cleared before a launch)     |
+| state_write_failed  | error (once per episode; supervision goes on with state in memory)        |
+| server_log_write_failed | error (once per episode; the in-memory tail still feeds diagnosis)    |
+
+Log-only lines (not events): daemon_refused, server_stopping, metrics_listening,
+metrics_unavailable, task_failed, sink_failed, state_corrupt, state_unreadable.
 """
 
 from __future__ import annotations
