@@ -1,0 +1,139 @@
+"""Owning the server process: output pump, rotation, tail, stop with grace, leftovers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+import psutil
+import pytest
+
+from supervisor.process import RotatingLog, ServerProcess, Tail, server_env
+
+PY = sys.executable
+
+
+async def _spawn(tmp_path, code: str, *, max_bytes: int = 1 << 30, backups: int = 2, tail: int = 4096) -> ServerProcess:
+    log = RotatingLog(tmp_path / "server.log", max_bytes, backups)
+    return await ServerProcess.spawn([PY, "-c", code], env=dict(os.environ), cwd=None, log=log, tail_bytes=tail)
+
+
+async def test_a_flood_of_output_reaches_the_log_whole_and_the_tail_keeps_the_end(tmp_path, no_leftovers):
+    """200,000 lines written as fast as the child can: every byte in the log, the last in the tail."""
+    code = "import sys\nw=sys.stdout.write\nfor i in range(200000): w(f'line {i}\\n')\nsys.stdout.flush()"
+    server = await _spawn(tmp_path, code)
+    status = await server.wait()
+    await server.drain_output(5)
+    await server.close()
+    assert status.code == 0
+    data = (tmp_path / "server.log").read_bytes()
+    assert data.count(b"\n") == 200000
+    assert server.tail.get().endswith(b"line 199999\n")
+    assert len(server.tail.get()) <= 4096
+
+
+async def test_lines_reach_the_callback_while_one_is_set(tmp_path, no_leftovers):
+    """The startup-facts callback sees whole lines, the last one even without a newline."""
+    server = await _spawn(tmp_path, "import time; print('a'); print('b', flush=True); time.sleep(0.3); print('c', end='')")
+    seen: list[str] = []
+    server.on_line = seen.append
+    await server.wait()
+    await server.drain_output(5)
+    await server.close()
+    assert seen == ["a", "b", "c"]
+
+
+async def test_the_log_rotates_by_size_and_keeps_the_backups(tmp_path, no_leftovers):
+    """Past max_bytes the log moves to server.log.1, .2; older ones are dropped."""
+    code = "import sys\nfor i in range(3000): sys.stdout.write('x' * 99 + '\\n')"
+    server = await _spawn(tmp_path, code, max_bytes=64 * 1024, backups=2)
+    await server.wait()
+    await server.close()
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["server.log", "server.log.1", "server.log.2"]
+    assert all(p.stat().st_size <= 64 * 1024 for p in tmp_path.iterdir())
+
+
+async def test_stop_sigkills_a_group_that_ignores_sigterm_after_the_grace(tmp_path, no_leftovers):
+    """SIGTERM ignored: after the grace the whole group gets SIGKILL and is reaped."""
+    code = (
+        "import signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "subprocess.Popen([sys.executable, '-c', 'import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'])\n"
+        "print('up', flush=True); time.sleep(60)"
+    )
+    server = await _spawn(tmp_path, code)
+    seen: list[str] = []
+    server.on_line = seen.append
+    while not seen:
+        await asyncio.sleep(0.02)
+    kids = server.remember_descendants()
+    status = await server.stop(grace_s=0.3)
+    await server.close()
+    assert status.signal == signal.SIGKILL
+    for pid in kids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+async def test_a_descendant_that_left_the_group_is_killed_too(tmp_path, no_leftovers):
+    """A child that started its own session escapes killpg; remembered descendants do not."""
+    code = (
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
+        "print('up', flush=True); time.sleep(60)"
+    )
+    server = await _spawn(tmp_path, code)
+    seen: list[str] = []
+    server.on_line = seen.append
+    while not seen:
+        await asyncio.sleep(0.02)
+    escaped = [p for p in server.remember_descendants() if p != server.pid]
+    assert escaped and os.getpgid(escaped[0]) != server.pgid
+    await server.stop(grace_s=0.2)
+    await server.close()
+
+    def gone() -> bool:
+        return all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE for p in escaped)
+
+    for _ in range(100):
+        if gone():
+            break
+        await asyncio.sleep(0.05)
+    assert gone()
+
+
+async def test_a_missing_command_is_a_process_error(tmp_path):
+    """An argv[0] that does not exist is reported, not raised as OSError."""
+    from supervisor.process import ProcessError
+
+    log = RotatingLog(tmp_path / "server.log", 1 << 20, 1)
+    with pytest.raises(ProcessError, match="/nonexistent/python"):
+        await ServerProcess.spawn(["/nonexistent/python"], env={}, cwd=None, log=log, tail_bytes=1024)
+
+
+def test_the_tail_is_bounded():
+    """The in-memory tail never holds more than twice its limit and returns the last bytes."""
+    tail = Tail(100)
+    for i in range(1000):
+        tail.append(f"{i:04d}\n".encode())
+    assert tail.get().endswith(b"0999\n") and len(tail.get()) == 100
+    assert len(tail._buf) <= 200
+
+
+def test_server_env_passes_only_what_the_config_names():
+    """Only pass_env names from our environment, plus the config's env table."""
+    env = server_env(("PATH", "HF_HOME"), {"NCCL_DEBUG": "WARN"}, {"PATH": "/bin", "SECRET": "x", "HF_HOME": "/h"})
+    assert env == {"PATH": "/bin", "HF_HOME": "/h", "NCCL_DEBUG": "WARN"}
+
+
+def test_a_log_that_cannot_be_written_reports_once_and_drops(tmp_path):
+    """A log under a path that cannot exist: one report, bytes dropped, no exception."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    errors: list[str] = []
+    log = RotatingLog(blocker / "sub" / "server.log", 1024, 1, on_error=errors.append)
+    log.write(b"hello\n")
+    log.write(b"again\n")
+    assert len(errors) == 1 and log.dropped_bytes == 12
