@@ -47,6 +47,7 @@ from .machine import (
     PrepareFailed,
     Probe,
     ProbeResult,
+    ServerDied,
     ServerExited,
     SetTimer,
     StopRequested,
@@ -107,7 +108,7 @@ class Daemon:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._launch_task: asyncio.Task[None] | None = None
-        self._probe_task: asyncio.Task[None] | None = None
+        self._probe_tasks: set[asyncio.Task[None]] = set()
         self._prepare_task: asyncio.Task[None] | None = None
         self._recorded_pgid: int | None = None
         self._recorded_since: float | None = None  # wall time of that launch (pgid reuse guard)
@@ -170,7 +171,9 @@ class Daemon:
             case Launch() as launch:
                 self._launch_task = self._spawn(self._launch(launch), "launch")
             case Probe():
-                self._probe_task = self._spawn(self._probe(), "probe")
+                task = self._spawn(self._probe(), "probe")
+                self._probe_tasks.add(task)
+                task.add_done_callback(self._probe_tasks.discard)
             case StopServer(grace_s=grace, reason=reason):
                 self._spawn(self._stop_server(grace, reason), "stop")
             case Exit(code=code):
@@ -321,10 +324,11 @@ class Daemon:
     async def _watch(self, server: ServerProcess) -> None:
         """Wait for the server to end; clean its leftovers; diagnose; report."""
         status = await server.wait()
+        self.post(ServerDied(status))  # the state changes now; the diagnosis follows
         server.kill_leftovers()
         await server.drain_output(0.5)
-        if self._probe_task is not None:
-            self._probe_task.cancel()
+        for task in list(self._probe_tasks):
+            task.cancel()  # a late answer must not speak for the next server
         assert self.core is not None
         phase = self.core.phase
         kernel = await asyncio.to_thread(_read_tail, self.cfg.logging.kernel_log)

@@ -160,6 +160,13 @@ class FactsUpdated:
 
 
 @dataclass(frozen=True, slots=True)
+class ServerDied:
+    """The server's main process is gone (reaped); the diagnosis follows as ServerExited."""
+
+    status: ExitStatus
+
+
+@dataclass(frozen=True, slots=True)
 class ServerExited:
     status: ExitStatus
     diagnosis: Diagnosis
@@ -187,7 +194,7 @@ class ConfigChanged:
 
 Event = (
     Boot | Prepared | PrepareFailed | Launched | LaunchFailed | ProbeResult | FactsUpdated
-    | ServerExited | TimerFired | GpuLost | StopRequested | ConfigChanged
+    | ServerDied | ServerExited | TimerFired | GpuLost | StopRequested | ConfigChanged
 )
 
 
@@ -590,8 +597,13 @@ def step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
             # STARTING -> GAVE_UP: the command itself cannot be run
             return _give_up(core, f"cannot start the server: {error}", str(Cause.CONFIG_ERROR))
 
-        case TimerFired(name="probe") if s in (State.STARTING, State.READY):
-            return core, [Probe()]
+        case TimerFired(name="probe") if s is State.STARTING:
+            return core, [Probe()]  # the next poll is set when this one answers
+
+        case TimerFired(name="probe") if s is State.READY:
+            # Fixed rate while serving, whatever each probe takes: a hang is then caught
+            # after interval x failures + timeout, not failures x (interval + timeout).
+            return core, [Probe(), SetTimer("probe", cfg.health.interval_s)]
 
         case ProbeResult(ok=True) if s is State.STARTING:
             return _ready(core, ctx)
@@ -600,14 +612,12 @@ def step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
             return core, [SetTimer("probe", cfg.health.startup_poll_s)]
 
         case ProbeResult(ok=True) if s is State.READY:
-            return replace(core, probe_failures=0), [SetTimer("probe", cfg.health.interval_s)]
+            return replace(core, probe_failures=0), []
 
         case ProbeResult(ok=False, detail=detail) if s is State.READY:
             failures = core.probe_failures + 1
             if failures < cfg.health.failures:
-                return replace(core, probe_failures=failures), [
-                    SetTimer("probe", cfg.health.interval_s)
-                ]
+                return replace(core, probe_failures=failures), []
             # READY -> RESTARTING: a hung server cannot drain, so no grace
             why = f"{failures} health probes failed in a row (last: {detail})"
             return _stop_to_relaunch(replace(core, probe_failures=failures), ctx, Cause.HANG, why, 0.0)
@@ -627,8 +637,14 @@ def step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
             # BACKOFF -> PREPARING
             return _prepare(core, "backoff elapsed")
 
-        case ServerExited(status=status, diagnosis=diagnosis) if s in (State.STARTING, State.READY):
-            # STARTING/READY -> BACKOFF or GAVE_UP: any exit we did not ask for is a crash
+        case ServerDied(status=status) if s in (State.STARTING, State.READY):
+            # STARTING/READY -> EXITED: noticed at once; the diagnosis comes next
+            new, actions = _transition(core, State.EXITED, f"server {status.describe()}", pid=None)
+            return new, [CancelTimer("probe"), CancelTimer("startup"), CancelTimer("stable"), *actions]
+
+        case ServerExited(status=status, diagnosis=diagnosis) if s in (State.STARTING, State.READY, State.EXITED):
+            # EXITED (or STARTING/READY) -> BACKOFF or GAVE_UP: any exit we did not ask for
+            # is a crash, whatever its code
             return _after_failure(core, ctx, diagnosis=diagnosis, status=status)
 
         case ServerExited(diagnosis=diagnosis) if s is State.RESTARTING:
@@ -676,7 +692,7 @@ def step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
                 ]
             if s is State.STOPPING:
                 return core, []
-            # PREPARING/BACKOFF/GAVE_UP/STOPPED -> STOPPED: no server to stop
+            # PREPARING/BACKOFF/EXITED/GAVE_UP/STOPPED -> STOPPED: no server to stop
             new, actions = _transition(core, State.STOPPED, reason, pid=None)
             return new, [CancelTimer("backoff"), *actions, Exit(0)]
 

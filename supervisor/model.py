@@ -89,6 +89,7 @@ class State(enum.StrEnum):
     PREPARING = "PREPARING"  # clearing old processes, waiting for GPU memory, preflight
     STARTING = "STARTING"  # server launched, waiting for /health
     READY = "READY"  # serving; probes pass
+    EXITED = "EXITED"  # the server died on its own; its crash log is being read
     RESTARTING = "RESTARTING"  # we are stopping the server in order to relaunch it
     BACKOFF = "BACKOFF"  # crashed; waiting out the restart delay
     STOPPING = "STOPPING"  # daemon shutdown: stopping the server for good

@@ -38,6 +38,7 @@ from supervisor.machine import (
     PrepareFailed,
     Probe,
     ProbeResult,
+    ServerDied,
     ServerExited,
     SetTimer,
     StopRequested,
@@ -516,11 +517,59 @@ def test_ready_to_restarting_after_n_failed_probes() -> None:
     for _ in range(night.cfg.health.failures - 1):
         actions = night.send(ProbeResult(ok=False, detail="503"), after=10.0)
         assert night.state is State.READY
-        assert timers(actions) == {"probe": night.cfg.health.interval_s}
+        assert timers(actions) == {}  # the probe timer runs at a fixed rate, not per answer
     actions = night.send(ProbeResult(ok=False, detail="timeout after 30 s"), after=10.0)
     assert night.state is State.RESTARTING
     assert of(actions, StopServer) == [StopServer(0.0, "hang")]
     assert night.core.pending is Cause.HANG
+
+
+def test_probe_timer_while_ready_probes_and_rearms_at_a_fixed_rate() -> None:
+    """While serving, each probe tick re-arms the next one at once: a slow (hung) probe does
+    not delay the next, so a hang is caught after interval x failures + timeout."""
+    night = Night()
+    night.ready()
+    actions = night.send(TimerFired("probe"), after=10.0)
+    assert of(actions, Probe) and timers(actions) == {"probe": night.cfg.health.interval_s}
+
+
+def test_ready_to_exited_when_the_server_dies() -> None:
+    """The exit is noticed as a state change at once, before the crash log is read."""
+    night = Night()
+    night.ready()
+    actions = night.send(ServerDied(ExitStatus(signal=9)))
+    assert night.state is State.EXITED
+    assert {a.name for a in of(actions, CancelTimer)} == {"probe", "startup", "stable"}
+    assert emitted(actions, "state_changed")["reason"] == "server killed by SIGKILL"
+
+
+def test_exited_to_backoff_when_the_diagnosis_arrives() -> None:
+    """EXITED -> BACKOFF with the diagnosis' remedy: a runtime OOM steps down to 0.88."""
+    night = Night()
+    night.ready()
+    night.send(ServerDied(ExitStatus(signal=9)))
+    actions = night.send(crash(Cause.CUDA_OOM_RUNTIME, phase=Phase.SERVING))
+    assert night.state is State.BACKOFF
+    assert emitted(actions, "crash")["next_mem_fraction_static"] == 0.88
+
+
+def test_exited_to_stopped_on_sigterm() -> None:
+    """A stop request while the crash is being read: nothing runs, so stop at once."""
+    night = Night()
+    night.ready()
+    night.send(ServerDied(ExitStatus(signal=9)))
+    actions = night.send(StopRequested("SIGTERM"))
+    assert night.state is State.STOPPED and of(actions, Exit) == [Exit(0)]
+
+
+def test_server_died_while_restarting_waits_for_the_exit_report() -> None:
+    """A death we caused (RESTARTING) is not a crash: the state stays until ServerExited."""
+    night = Night()
+    night.ready()
+    for _ in range(night.cfg.health.failures):
+        night.send(ProbeResult(ok=False))
+    assert night.send(ServerDied(ExitStatus(signal=9))) == []
+    assert night.state is State.RESTARTING
 
 
 def test_good_probe_while_ready_resets_the_failed_probe_count() -> None:
@@ -827,6 +876,7 @@ _EVENTS: st.SearchStrategy[Event] = st.one_of(
     st.builds(ProbeResult, ok=st.booleans()),
     st.builds(FactsUpdated, facts=_FACTS),
     st.builds(ServerExited, status=_STATUSES, diagnosis=_DIAGNOSES),
+    st.builds(ServerDied, status=_STATUSES),
     st.builds(TimerFired, name=st.sampled_from(["probe", "startup", "backoff", "stable"])),
     st.builds(GpuLost, detail=st.just("lost")),
     st.builds(StopRequested, reason=st.just("SIGTERM")),
