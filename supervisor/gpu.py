@@ -458,6 +458,9 @@ class ReleaseResult:
         }
 
 
+ERRORS_BEFORE_DEGRADED = 3
+
+
 async def wait_until_released(
     probe: GpuProbe,
     *,
@@ -471,19 +474,24 @@ async def wait_until_released(
 
     ``ok=False`` with ``error=None`` means memory stayed held (cause ``gpu_memory_stuck``,
     numbers in ``gpus``). A probe error that cannot pass by waiting (``lost`` or
-    ``unavailable``) returns at once with ``error`` set; a transient one is retried until
-    the deadline. With no GPUs to watch (backend ``none``) it is ``ok`` at once.
+    ``unavailable``) returns at once with ``error`` set; a transient one is retried, and
+    after ``ERRORS_BEFORE_DEGRADED`` in a row it returns too (the caller runs degraded
+    rather than hold a relaunch for the whole timeout). With no GPUs to watch (backend
+    ``none``) it is ``ok`` at once.
     """
     now = clock or asyncio.get_running_loop().time
     start = now()
     last: list[GpuInfo] = []
+    errors_in_a_row = 0
     while True:
         error: GpuProbeError | None = None
         try:
             last = await probe.sample()
+            errors_in_a_row = 0
         except GpuProbeError as exc:
             error = exc
-            if exc.lost or exc.unavailable:
+            errors_in_a_row += 1
+            if exc.lost or exc.unavailable or errors_in_a_row >= ERRORS_BEFORE_DEGRADED:
                 return ReleaseResult(False, now() - start, last, exc)
         if error is None and gpus_released(last, min_free_share):
             return ReleaseResult(True, now() - start, last)

@@ -242,7 +242,7 @@ async def _gpu_check(cfg: Config, probe: GpuProbe, ranks: int, degraded_ok: bool
     try:
         gpus = await probe.sample()
     except GpuProbeError as exc:
-        if degraded_ok and exc.unavailable and not exc.lost:
+        if degraded_ok and not exc.lost:
             # The daemon runs degraded rather than refuse to launch: SGLang finds its GPUs itself.
             return Check("gpu_count", True, f"not checked (GPU probe unavailable: {exc})")
         return Check("gpu_count", False, f"cannot read the GPUs: {exc}", permanent=exc.lost)
@@ -253,7 +253,8 @@ async def run_preflight(
     cfg: Config, probe: GpuProbe, *, stale_pids: Collection[int] = (), degraded_ok: bool = False
 ) -> list[Check]:
     """Gather the facts and run every check. ``stale_pids``: processes of ours due to be killed.
-    ``degraded_ok``: an unavailable GPU probe (no NVML) passes the GPU check (the daemon)."""
+    ``degraded_ok``: a failing GPU probe (no NVML, NVML errors) passes the GPU check unless
+    the GPU is lost (the daemon runs degraded; the CLI reports the failure)."""
     ranks = ranks_on_host(cfg.server)
     gpu_check = await _gpu_check(cfg, probe, ranks, degraded_ok)
     mem, port, model_exists = await asyncio.to_thread(_host_facts, cfg)

@@ -255,3 +255,26 @@ async def test_monitor_samples_the_simulated_gpu_while_serving(sim_dir: Path, sl
     warnings = [f for e, f in events if e == "gpu_low_free"]
     assert [w["index"] for w in warnings] == [0]
     assert monitor.last[0].free_bytes < GIB
+
+
+async def test_wait_until_released_gives_up_waiting_after_errors_in_a_row() -> None:
+    """A probe that keeps failing (not lost) ends the wait after a few tries: the daemon then
+    runs degraded instead of holding the relaunch for the whole release timeout."""
+    from supervisor import gpu
+
+    class Failing:
+        calls = 0
+
+        async def sample(self):
+            Failing.calls += 1
+            raise gpu.GpuProbeError("simulated GPU: cannot read gpus.json")
+
+        async def aclose(self) -> None:
+            return None
+
+    async def no_sleep(_s: float) -> None:
+        return None
+
+    result = await gpu.wait_until_released(Failing(), min_free_share=0.95, timeout_s=3600, poll_s=1.0, sleep=no_sleep)
+    assert not result.ok and result.error is not None
+    assert Failing.calls == gpu.ERRORS_BEFORE_DEGRADED
