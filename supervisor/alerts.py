@@ -128,6 +128,9 @@ def backoff_delay(attempt: int, initial: float, maximum: float, rng: random.Rand
     return delay * (1.0 - 0.5 * rng.random())
 
 
+MESSAGE_MAX_CHARS = 500  # one sentence for a phone; a gave_up reason or GPU list can be long
+
+
 def truncate_evidence(evidence: Any, max_chars: int) -> str:
     """Evidence lines joined by newlines, cut to ``max_chars`` with a marker saying so."""
     if evidence is None:
@@ -281,7 +284,9 @@ def build_alert(
         "next_mem_fraction_static": after,
         "attempt": fields.get("attempt"),
         "next_retry_s": fields.get("delay_s") if kind == "restart" else fields.get("next_retry_s"),
-        "message": describe(kind, fields, host=host, instance=instance, context=context),
+        "message": truncate_evidence(
+            describe(kind, fields, host=host, instance=instance, context=context), MESSAGE_MAX_CHARS
+        ),
     }
 
 

@@ -22,7 +22,15 @@ DEFAULT_LADDER = (0.93, 0.88, 0.85, 0.82, 0.80)
 
 
 class ConfigError(ValueError):
-    """A config that cannot be used; ``str()`` is the one line shown to the user."""
+    """A config that cannot be used; ``str()`` is the one line shown to the user.
+
+    Keys and values come from the user's file, so control characters are escaped here:
+    whatever the input, the message stays one printable line.
+    """
+
+    def __init__(self, message: str) -> None:
+        line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+        super().__init__(line if len(line) <= 400 else line[:397] + "...")
 
 
 def _rule(text: str, check: Any = None) -> dict[str, Any]:
@@ -274,7 +282,10 @@ def _coerce(value: Any, tp: Any) -> Any:
 
 
 def _show(value: Any) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # a huge integer, a deeply nested array
+        text = f"<{type(value).__name__}>"
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -377,10 +388,13 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     path, sep, raw = text.partition("=")
     section, dot, key = path.strip().partition(".")
     if not sep or not dot or not section or not key:
-        raise ConfigError(f"--set {text!r}: expected SECTION.KEY=VALUE (e.g. server.port=30001)")
+        raise ConfigError(f"--set {text[:80]!r}: expected SECTION.KEY=VALUE (e.g. server.port=30001)")
+    if "\n" in raw or "\r" in raw:
+        raise ConfigError(f"--set {path.strip()[:80]}: the value must be on one line")
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, ValueError, RecursionError):
+        # Not TOML (or TOML Python refuses: a 5,000-digit integer, deep nesting): a string.
         value = raw
     return section, key, value
 
@@ -414,6 +428,10 @@ def load_config(path: str | os.PathLike[str], overrides: typing.Sequence[str] = 
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: invalid TOML: {exc}") from None
+    except ValueError as exc:  # e.g. an integer past Python's 4,300-digit conversion limit
+        raise ConfigError(f"{p}: unusable TOML value: {str(exc)[:120]}") from None
+    except RecursionError:
+        raise ConfigError(f"{p}: arrays or tables nested too deeply") from None
     for item in overrides:
         section, key, value = parse_override(item)
         table = data.setdefault(section, {})

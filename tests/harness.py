@@ -198,3 +198,114 @@ class ServerCounter:
 
 def iter_lines(path: Path) -> Iterator[str]:
     yield from path.read_text(errors="replace").splitlines()
+
+
+# --- scoped process accounting (added for the chaos matrix and the soak) --------------------
+# Other tests (and other people's demos) may run simulators on this machine at the same
+# time: these helpers only count the processes of one server port and one simulated-GPU dir.
+
+
+def simulator_mains_on(port: int) -> list[int]:
+    """Like ``simulator_mains`` but only the simulators serving ``--port port``."""
+    import psutil
+
+    wanted = str(port)
+    sims: dict[int, int] = {}
+    for p in psutil.process_iter(["cmdline", "status", "ppid"]):
+        try:
+            cmd = p.info["cmdline"] or []
+            if "supervisor.simulator" not in cmd or p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if any(a == "--port" and i + 1 < len(cmd) and cmd[i + 1] == wanted for i, a in enumerate(cmd)):
+                sims[p.pid] = p.info["ppid"]
+        except psutil.Error:
+            continue
+    return [pid for pid, ppid in sims.items() if ppid not in sims]
+
+
+class ProcessWatch:
+    """Samples in a thread: the peak number of simulator servers on ``port`` (never two
+    servers), and every process that belonged to them, to the ``roots`` (daemons) or held
+    memory in ``gpu_dir``; ``leftovers()`` lists those still present (running or zombie)."""
+
+    def __init__(self, port: int, *, gpu_dir: Path | None = None, interval: float = 0.1) -> None:
+        import threading
+
+        self.port = port
+        self.gpu_dir = gpu_dir
+        self.max_servers = 0
+        self.seen: dict[int, tuple[float, str]] = {}  # pid -> (create_time, name)
+        self._roots: set[int] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._interval = interval
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"process-watch-{port}")
+        self._thread.start()
+
+    def add_root(self, pid: int) -> None:
+        """Also account for ``pid`` and its descendants (a daemon we started)."""
+        with self._lock:
+            self._roots.add(pid)
+
+    def _note(self, proc: Any) -> None:
+        import psutil
+
+        try:
+            self.seen.setdefault(proc.pid, (proc.create_time(), proc.name()))
+        except psutil.Error:
+            pass
+
+    def sample(self) -> None:
+        """One sample (the thread calls this; tests may call it at a moment that matters)."""
+        import psutil
+
+        mains = simulator_mains_on(self.port)
+        with self._lock:
+            self.max_servers = max(self.max_servers, len(mains))
+            roots = [*self._roots, *mains]
+            for pid in roots:
+                try:
+                    proc = psutil.Process(pid)
+                    kids = proc.children(recursive=True)
+                except psutil.Error:
+                    continue
+                if pid in mains:
+                    self._note(proc)
+                for kid in kids:
+                    self._note(kid)
+            if self.gpu_dir is not None:
+                from supervisor import simgpu
+
+                for holder in simgpu.read_processes(self.gpu_dir):
+                    if holder.alive:
+                        try:
+                            self._note(psutil.Process(holder.pid))
+                        except psutil.Error:
+                            pass
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self._interval)
+
+    def close(self) -> int:
+        """Stop sampling; returns the peak number of servers seen at once."""
+        self._stop.set()
+        self._thread.join(10)
+        return self.max_servers
+
+    def leftovers(self) -> list[str]:
+        """Seen processes that still exist (same pid and start time), zombies included."""
+        import psutil
+
+        left = []
+        with self._lock:
+            items = list(self.seen.items())
+        for pid, (created, name) in items:
+            try:
+                p = psutil.Process(pid)
+                if abs(p.create_time() - created) < 0.5:
+                    left.append(f"{pid} {name} ({p.status()})")
+            except psutil.Error:
+                continue
+        return left
