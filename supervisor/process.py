@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import fcntl
 import os
@@ -133,29 +134,37 @@ class RotatingLog:
 
 
 class Tail:
-    """The last ``limit`` bytes of output (amortised O(1) append)."""
+    """The last ``limit`` bytes of output: a deque of chunks, old ones dropped whole, so an
+    append copies nothing and memory stays at ``limit`` plus one chunk."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._buf = bytearray()
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._size = 0
 
     def append(self, data: bytes) -> None:
-        self._buf += data
-        if len(self._buf) > 2 * self.limit:
-            del self._buf[: len(self._buf) - self.limit]
+        if len(data) >= self.limit:
+            self._chunks.clear()
+            data = data[-self.limit :]
+            self._size = 0
+        self._chunks.append(data)
+        self._size += len(data)
+        while self._size - len(self._chunks[0]) >= self.limit:
+            self._size -= len(self._chunks.popleft())
 
     def get(self) -> bytes:
-        return bytes(self._buf[-self.limit :])
+        return b"".join(self._chunks)[-self.limit :]
 
 
 class ServerProcess:
     """One launched server: its pid/pgid, output pump and lifecycle.
 
-    The output pump reads the pipe's raw fd from the event loop (``add_reader``), up to
-    1 MiB per read. After a small read it stops watching the pipe for ``BATCH_S``: the
-    1 MiB pipe holds more than 10 MB/s fills in that time, so the child does not block,
-    and a server logging 2,000 lines a second costs ten wake-ups a second instead of one
-    per line. A big read keeps reading at once; the server's exit resumes it at once.
+    The output pump reads the pipe's raw fd, up to 1 MiB per read, in two modes. Watching
+    (``add_reader``): every readable event is read at once, for floods. After a small read
+    it switches to polling: one read per pause of at most ``BATCH_S``, shorter when the
+    rate just seen would half-fill the 1 MiB pipe sooner, so the child does not block and a
+    server logging 2,000 lines a second costs ten wake-ups a second instead of one per
+    line. A big read switches back to watching; the server's exit does too.
     """
 
     def __init__(self, proc: asyncio.subprocess.Process, fd: int, log: RotatingLog, tail: Tail) -> None:
@@ -170,9 +179,11 @@ class ServerProcess:
         self._fd: int | None = fd
         self._loop = asyncio.get_running_loop()
         self._eof = self._loop.create_future()
-        self._resume_handle: asyncio.TimerHandle | None = None
+        self._poll_handle: asyncio.TimerHandle | None = None
+        self._watching = False
+        self._last_read = self._loop.time()
         self._hurry = False  # the server has exited: read everything left without pausing
-        self._loop.add_reader(fd, self._on_readable)
+        self._watch_pipe()
 
     @classmethod
     async def spawn(
@@ -207,38 +218,70 @@ class ServerProcess:
 
     # -- output -----------------------------------------------------------------------------
 
-    def _on_readable(self) -> None:
+    def _read(self) -> int | None:
+        """One read of what the pipe holds: the byte count (0: nothing yet), None at EOF."""
         fd = self._fd
         if fd is None:
-            return
+            return None
         try:
             data = os.read(fd, PIPE_SIZE)
         except BlockingIOError:
-            return
+            return 0
         except OSError:
             data = b""
         if not data:
             self._finish()
-            return
+            return None
         self.log.write(data)
         self.tail.append(data)
         if self.on_line is not None:
             self._split_lines(data)
-        if len(data) < SMALL_READ and not self._hurry:
-            self._loop.remove_reader(fd)
-            self._resume_handle = self._loop.call_later(BATCH_S, self._resume)
+        return len(data)
 
-    def _resume(self) -> None:
-        self._resume_handle = None
-        if self._fd is not None:
+    def _on_readable(self) -> None:
+        """Reader mode (the pipe is watched): keep up with a flood; calm down after it."""
+        n = self._read()
+        if n is not None and n < SMALL_READ and not self._hurry and self._fd is not None:
+            self._loop.remove_reader(self._fd)
+            self._watching = False
+            self._schedule_poll(n)
+
+    def _poll(self) -> None:
+        """Timer mode (the pipe is not watched): one read per pause, no epoll churn."""
+        self._poll_handle = None
+        n = self._read()
+        if n is None or self._fd is None:
+            return
+        if n >= SMALL_READ or self._hurry:
+            self._watch_pipe()
+        else:
+            self._schedule_poll(n)
+
+    def _schedule_poll(self, n: int) -> None:
+        # Pause at most BATCH_S, and no longer than the pipe takes to half-fill at the rate
+        # just seen: a flood that has just been caught up with is not made to wait.
+        now = self._loop.time()
+        elapsed, self._last_read = now - self._last_read, now
+        rate = n / elapsed if elapsed > 0 else 0.0
+        pause = BATCH_S if rate <= 0 else min(BATCH_S, 0.5 * PIPE_SIZE / rate)
+        self._poll_handle = self._loop.call_later(pause, self._poll)
+
+    def _watch_pipe(self) -> None:
+        if self._poll_handle is not None:
+            self._poll_handle.cancel()
+            self._poll_handle = None
+        if self._fd is not None and not self._watching:
             self._loop.add_reader(self._fd, self._on_readable)
+            self._watching = True
 
     def _finish(self) -> None:
-        if self._resume_handle is not None:
-            self._resume_handle.cancel()
-            self._resume_handle = None
+        if self._poll_handle is not None:
+            self._poll_handle.cancel()
+            self._poll_handle = None
         if self._fd is not None:
-            self._loop.remove_reader(self._fd)
+            if self._watching:
+                self._loop.remove_reader(self._fd)
+                self._watching = False
             os.close(self._fd)
             self._fd = None
         if self._partial and self.on_line is not None:
@@ -265,9 +308,7 @@ class ServerProcess:
         """Read what is left (bounded): the last lines hold the cause. An orphan that keeps
         the pipe open cannot hold us longer than ``timeout_s``."""
         self._hurry = True
-        if self._resume_handle is not None:
-            self._resume_handle.cancel()
-            self._resume()
+        self._watch_pipe()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._eof), timeout_s)
 
