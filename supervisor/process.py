@@ -29,6 +29,7 @@ F_SETPIPE_SZ = 1031  # linux/fcntl.h
 PIPE_SIZE = 1 << 20
 READ_CHUNK = 1 << 16
 SMALL_READ = 64 * 1024  # a read below this means the server is not flooding us
+SLOW_RATE = 1 << 20  # bytes/s: below this a server is trickling (2,000 lines/s is ~0.2 MB/s)
 # Pause after a small read. The 1 MiB pipe covers 10 MB/s (100,000 lines/s of 100 bytes)
 # for this long, so even a burst that starts right after a quiet spell does not stall the
 # child; a longer pause would save a little CPU at the price of that guarantee.
@@ -160,11 +161,12 @@ class ServerProcess:
     """One launched server: its pid/pgid, output pump and lifecycle.
 
     The output pump reads the pipe's raw fd, up to 1 MiB per read, in two modes. Watching
-    (``add_reader``): every readable event is read at once, for floods. After a small read
-    it switches to polling: one read per pause of at most ``BATCH_S``, shorter when the
-    rate just seen would half-fill the 1 MiB pipe sooner, so the child does not block and a
-    server logging 2,000 lines a second costs ten wake-ups a second instead of one per
-    line. A big read switches back to watching; the server's exit does too.
+    (``add_reader``): every readable event is read at once; an idle server costs nothing
+    and a flood is read as fast as it comes. After two small reads in a row at under
+    ``SLOW_RATE`` (a steady trickle) it switches to polling: one read per pause of at most ``BATCH_S``, shorter when
+    the rate just seen would half-fill the 1 MiB pipe sooner, so a server logging 2,000
+    lines a second costs ten wake-ups a second instead of one per line. A big read, an
+    empty pipe, or the server's exit switch back to watching.
     """
 
     def __init__(self, proc: asyncio.subprocess.Process, fd: int, log: RotatingLog, tail: Tail) -> None:
@@ -181,6 +183,7 @@ class ServerProcess:
         self._eof = self._loop.create_future()
         self._poll_handle: asyncio.TimerHandle | None = None
         self._watching = False
+        self._last_small = False
         self._last_read = self._loop.time()
         self._hurry = False  # the server has exited: read everything left without pausing
         self._watch_pipe()
@@ -239,30 +242,37 @@ class ServerProcess:
         return len(data)
 
     def _on_readable(self) -> None:
-        """Reader mode (the pipe is watched): keep up with a flood; calm down after it."""
-        n = self._read()
-        if n is not None and n < SMALL_READ and not self._hurry and self._fd is not None:
-            self._loop.remove_reader(self._fd)
-            self._watching = False
-            self._schedule_poll(n)
-
-    def _poll(self) -> None:
-        """Timer mode (the pipe is not watched): one read per pause, no epoll churn."""
-        self._poll_handle = None
+        """Watching (add_reader): keep up with a flood; after two small, slow reads in a row
+        (a steady trickle, not the first line of a burst) switch to polling."""
+        now = self._loop.time()
         n = self._read()
         if n is None or self._fd is None:
             return
-        if n >= SMALL_READ or self._hurry:
+        elapsed, self._last_read = now - self._last_read, now
+        slow = n < SMALL_READ and n < SLOW_RATE * elapsed
+        if slow and self._last_small and not self._hurry:
+            self._loop.remove_reader(self._fd)
+            self._watching = False
+            self._schedule_poll(n / elapsed if elapsed > 0 else 0.0)
+        self._last_small = slow
+
+    def _poll(self) -> None:
+        """Polling (the pipe is not watched): one read per pause, no epoll churn. An empty
+        pipe goes back to watching, so an idle server costs no wake-ups at all."""
+        self._poll_handle = None
+        now = self._loop.time()
+        n = self._read()
+        if n is None or self._fd is None:
+            return
+        elapsed, self._last_read = now - self._last_read, now
+        if n == 0 or n >= SMALL_READ or self._hurry:
+            self._last_small = False
             self._watch_pipe()
         else:
-            self._schedule_poll(n)
+            self._schedule_poll(n / elapsed if elapsed > 0 else 0.0)
 
-    def _schedule_poll(self, n: int) -> None:
-        # Pause at most BATCH_S, and no longer than the pipe takes to half-fill at the rate
-        # just seen: a flood that has just been caught up with is not made to wait.
-        now = self._loop.time()
-        elapsed, self._last_read = now - self._last_read, now
-        rate = n / elapsed if elapsed > 0 else 0.0
+    def _schedule_poll(self, rate: float) -> None:
+        # Pause at most BATCH_S, and no longer than the pipe takes to half-fill at ``rate``.
         pause = BATCH_S if rate <= 0 else min(BATCH_S, 0.5 * PIPE_SIZE / rate)
         self._poll_handle = self._loop.call_later(pause, self._poll)
 
