@@ -1130,7 +1130,7 @@ class Frontend:
             self.pending.pop(rid, None)
         await self.gate()
         if not done:
-            now = time.time()
+            now = time.time()  # wall-clock timestamps, as in SGLang's message
             log(f"Health check failed. Server couldn't get a response from detokenizer for last 20 seconds. "
                 f"tic start time: {now - self.cfg.health_timeout_s:.2f}. last_heartbeat time: {now - 25:.2f}")
             return web.Response(status=503)
@@ -1160,7 +1160,7 @@ class Frontend:
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{
-            "id": self.cfg.served_model_name, "object": "model", "created": int(time.time()),
+            "id": self.cfg.served_model_name, "object": "model", "created": int(time.time()),  # wall-clock timestamp (OpenAI field)
             "owned_by": "sglang", "root": self.cfg.model_path, "max_model_len": self.cfg.context_len}]})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
@@ -1224,7 +1224,7 @@ class Frontend:
         prompt_tokens = sum(r["prompt_tokens"] for r in results)
         completion_tokens = sum(r["completion_tokens"] for r in results)
         return web.json_response({
-            "id": f"cmpl-{os.getpid():x}{next(self.rids):08x}", "object": "text_completion", "created": int(time.time()),
+            "id": f"cmpl-{os.getpid():x}{next(self.rids):08x}", "object": "text_completion", "created": int(time.time()),  # wall-clock timestamp
             "model": self.cfg.served_model_name,
             "choices": [{"index": i, "text": r["text"], "logprobs": None, "finish_reason": "length"}
                         for i, r in enumerate(results)],
