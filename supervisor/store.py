@@ -95,7 +95,7 @@ class StateStore:
         except ValueError as exc:
             if not move_aside:
                 return None, f"{self.path}: corrupt ({exc})"
-            aside = self.path.with_name(f"{STATE_FILE}.corrupt-{int(time.time())}")
+            aside = self.path.with_name(f"{STATE_FILE}.corrupt-{int(time.time())}")  # wall-clock timestamp in the name, for people
             try:
                 os.replace(self.path, aside)
                 where = f"moved to {aside}"
