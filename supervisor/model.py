@@ -112,6 +112,15 @@ class Diagnosis:
     # while loading weights (CLEAR_GPU: a lower fraction does not help) or a deterministic
     # CUDA error such as "no kernel image is available" (GIVE_UP).
     remedy_override: Remedy | None = None
+    # The fraction SGLang itself names as the minimum ("Raise --mem-fraction-static above
+    # 0.004"): a FRACTION_UP goes to the next rung above max(current, this).
+    min_fraction: float | None = None
+    # Certain: the evidence line names the cause and the phase is known or inferred from
+    # markers. Uncertain: anything else; the daemon then acts only in the least harmful way
+    # (restart unchanged, or one rung down for an OOM of unknown phase) and says so.
+    certain: bool = True
+    phase_source: str = ""  # "daemon", or what the phase was inferred from in the log
+    runner_up: Cause | None = None  # the next reading when the margin is thin
 
     @property
     def remedy(self) -> Remedy:
@@ -128,6 +137,10 @@ class Diagnosis:
             "location": self.location,
             "rank": self.rank,
             "remedy": str(self.remedy),
+            "min_fraction": self.min_fraction,
+            "certain": self.certain,
+            "phase_source": self.phase_source,
+            "runner_up": None if self.runner_up is None else str(self.runner_up),
         }
 
 
@@ -175,6 +188,9 @@ class StartupFacts:
     ranks: dict[str, RankFacts] = field(default_factory=dict)
     progress: str = "unknown"  # launching | loading_weights | kv_pool | capture | warmup | ready
     ready: bool = False
+    # The mem_fraction_static SGLang chose, from its ``server_args=ServerArgs(...)`` line (so a
+    # launch without the flag learns SGLang's own choice); None when not printed yet.
+    mem_fraction_static: float | None = None
 
     @property
     def avail_mem_after_capture_gb(self) -> float | None:
