@@ -38,7 +38,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_right
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import accumulate
 
 from supervisor.model import Cause, Diagnosis, ExitStatus, Phase, Remedy
@@ -63,7 +63,7 @@ _PREFIX = re.compile(
     r"[\s|`'\">]+"  # indentation, CI-view "  | ", quotes, markdown backticks
     r"|(?:#033|\x1b)\[[0-9;]{0,20}m"  # ANSI colour, raw or syslog-escaped
     r"|\[[^\]\n]{0,100}\]:?"  # "[2025-08-02 19:24:30 TP3]", "[rank0]:"
-    r"|\([\w.-]{1,60}(?: pid=\d{1,10})?(?:, ip=[\d.]{1,40})?\)"  # "(WorkerDict pid=1)"
+    r"|\([\w.-]{1,60}(?:,? \w{1,20}=[\w.:-]{1,60}){0,4}\)"  # "(WorkerDict pid=1)", "(VllmWorker rank=7 pid=2)"
     r"|[\w.-]{1,40} {1,8}\|"  # docker compose "sglang-1  |"
     r"|\d{4}-\d\d-\d\d[T ][\d:.,]{5,20}Z?"  # "2025-04-06T07:44:23.51Z", "2024-12-19 21:40:35"
     r"|(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)(?: \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,6})?)?"
@@ -131,6 +131,27 @@ class _Rule:
     context: Callable[[_Log, int], int | None] | None = None
     phased: bool = False  # a CUDA OOM: runtime or startup depending on the phase
     usual_phase: Phase | None = None  # the phase when neither the log nor the daemon says
+    # The text itself is printed in one phase only (KV-pool sizing at start-up, the batch
+    # loop's pool exhaustion while serving): ``usual_phase`` is then known, not guessed.
+    phase_in_text: bool = False
+    # How much the line tells: "names" (it names the cause), "echo" (a consequence of
+    # another failure: a peer's closed connection, a collective timeout) or "hint" (it
+    # points at a cause without evidence: a SIGKILL, an ENOMEM). A naming line anywhere in
+    # the crash beats a hint, and a hint beats an echo.
+    strength: str = "names"
+    runner_up: Cause | None = None  # the other reading a hint or an echo leaves open
+    # Provenance: where the needles' text comes from ("sglang", "sglang-legacy", "torch",
+    # "nccl", "gloo", "cuda", "kernel", "vllm", "ray", "python", "hf", "nvidia-driver"...),
+    # per-needle exceptions, and citations of the source line that prints a needle's text.
+    origin: str = "sglang"
+    origins: tuple[tuple[str, str], ...] = ()  # (needle, origin) where it differs
+    cites: tuple[tuple[str, str], ...] = ()  # (needle, "file:line" or a literal of the source)
+
+    def origin_of(self, needle: str) -> str:
+        return next((o for n, o in self.origins if n == needle), self.origin)
+
+    def cite_of(self, needle: str) -> str | None:
+        return next((c for n, c in self.cites if n == needle), None)
 
     def matches(self, log: _Log, index: int, text: str, found: set[str]) -> int | None:
         """Whether the line (with ``found`` needles in it) shows this rule; see ``context``."""
@@ -206,14 +227,35 @@ def _before_sigquit(log: _Log, index: int) -> int | None:
     return index if first is None or index < first else None
 
 
+def _raised_or_validation(log: _Log, index: int) -> int | None:
+    """An exception line, or a validation library's message line ("Value error, ...")."""
+    if log.exception(index) is not None:
+        return index
+    body = _strip_prefix(log.text(index)).lower()
+    return index if body.startswith(("value error,", "assertion error,")) else None
+
+
+def _at_startup(log: _Log, index: int) -> int | None:
+    """An exception raised while the server was starting (init frames, no serving frames)."""
+    if log.exception(index) is None:
+        return None
+    report = "".join(log.low(i) + "\n" for i in log.traceback_lines(index))
+    if any(k in report for k in _SERVING_FRAMES):
+        return None
+    if any(k in report for k in (*_STARTUP_FRAMES, *_WEIGHTS_FRAMES, *_CAPTURE_FRAMES, "__init__")):
+        return index
+    return None
+
+
 _CUDA_ERROR_PATTERN = _ci(
     r"\bcuda (?:driver |runtime )?error(?!s)|cudaError|CUDA_ERROR_|CUBLAS_STATUS_|CUDNN_STATUS_"
     r"|AcceleratorError|Cuda failure|Triton Error \[CUDA\]"
 )
 
 RULES: tuple[_Rule, ...] = (
-    # -- the GPU itself: a restart cannot fix it
-    _Rule("xid", Cause.GPU_HW_ERROR, ("xid",), context=_hw_xid),
+    # -- the GPU itself: a restart cannot fix it, whatever frames surround it
+    _Rule("xid", Cause.GPU_HW_ERROR, ("xid",), context=_hw_xid, origin="nvidia-driver",
+          cites=(("xid", "NVIDIA driver NVRM kernel message: 'NVRM: Xid (PCI:...): 79, ...'"),)),
     _Rule(
         "gpu_lost",
         Cause.GPU_HW_ERROR,
@@ -222,6 +264,37 @@ RULES: tuple[_Rule, ...] = (
             "system not yet initialized", "cudaerrorsystemnotready", "busy or unavailable",
             "cudaerrordevicesunavailable", "no cuda-capable device", "no cuda gpus are available",
             "rminitadapter failed", "unable to determine the device handle", "found no nvidia driver",
+            "over nvlink or a hardware error", "nvlink uncorrectable", "cudaerrornvlinkuncorrectable",
+            "uncorrectable nvlink", "hardware stack error", "cudaerrorhardwarestackerror",
+        ),
+        origin="cuda",
+        origins=(
+            ("fallen off the bus", "nvidia-driver"), ("gpu is lost", "nvidia-driver"),
+            ("rminitadapter failed", "nvidia-driver"), ("unable to determine the device handle", "nvidia-driver"),
+            ("found no nvidia driver", "torch"), ("no cuda gpus are available", "torch"), ("gpu_is_lost", "nvml"),
+        ),
+        cites=(
+            ("over nvlink or a hardware error", "cuda_runtime_api.h cudaErrorNvlinkUncorrectable: "
+             "'Invalid access of peer GPU memory over nvlink or a hardware error'"),
+            ("nvlink uncorrectable", "cuda.h CUDA_ERROR_NVLINK_UNCORRECTABLE: 'uncorrectable NVLink error'"),
+            ("uncorrectable nvlink", "cuda.h CUDA_ERROR_NVLINK_UNCORRECTABLE: 'uncorrectable NVLink error'"),
+            ("cudaerrornvlinkuncorrectable", "cuda_runtime_api.h: cudaErrorNvlinkUncorrectable = 220"),
+            ("hardware stack error", "cuda_runtime_api.h cudaErrorHardwareStackError: 'hardware stack error'"),
+            ("cudaerrorhardwarestackerror", "cuda_runtime_api.h: cudaErrorHardwareStackError = 714"),
+            ("uncorrectable ecc", "cuda_runtime_api.h cudaErrorECCUncorrectable: 'uncorrectable ECC error encountered'"),
+            ("ecc error", "cuda_runtime_api.h cudaErrorECCUncorrectable: 'uncorrectable ECC error encountered'"),
+            ("fallen off the bus", "NVRM Xid 79: 'GPU has fallen off the bus'"),
+            ("gpu is lost", "nvidia-smi: 'Unable to determine the device handle for GPU...: GPU is lost'"),
+            ("gpu_is_lost", "nvml.h NVML_ERROR_GPU_IS_LOST"),
+            ("system not yet initialized", "cuda_runtime_api.h cudaErrorSystemNotReady: 'system not yet initialized'"),
+            ("cudaerrorsystemnotready", "cuda_runtime_api.h: cudaErrorSystemNotReady = 802"),
+            ("busy or unavailable", "cuda_runtime_api.h cudaErrorDevicesUnavailable: 'CUDA-capable device(s) is/are busy or unavailable'"),
+            ("cudaerrordevicesunavailable", "cuda_runtime_api.h: cudaErrorDevicesUnavailable = 46"),
+            ("no cuda-capable device", "cuda_runtime_api.h cudaErrorNoDevice: 'no CUDA-capable device is detected'"),
+            ("no cuda gpus are available", "torch/cuda/__init__.py _lazy_init: 'No CUDA GPUs are available'"),
+            ("rminitadapter failed", "NVRM kernel message: 'RmInitAdapter failed!'"),
+            ("unable to determine the device handle", "nvidia-smi: 'Unable to determine the device handle for GPU'"),
+            ("found no nvidia driver", "torch/cuda/__init__.py: 'Found no NVIDIA driver on your system'"),
         ),
     ),
     # -- host memory (checked before CUDA OOM: Ray's OutOfMemoryError is about host RAM)
@@ -231,36 +304,107 @@ RULES: tuple[_Rule, ...] = (
         ("invalid argument", "out of memory"),
         pattern=_CUDA_ERROR_PATTERN,
         context=_pinned_host_context,
+        origin="cuda",
+        cites=(("invalid argument", "cuda_runtime_api.h cudaErrorInvalidValue: 'invalid argument'"),
+               ("out of memory", "cuda_runtime_api.h cudaErrorMemoryAllocation: 'out of memory'")),
     ),
     _Rule(
         "host_memory",
         Cause.HOST_OOM,
         (
             "not enough host memory", "running low on memory", "killed due to memory pressure",
-            "cannot allocate memory", "can't allocate memory", "std::bad_alloc",
+            "exceeds the memory usage threshold", "can't allocate memory", "std::bad_alloc",
             "insufficient shared memory", "bus error", "sigbus", "oom-kill", "invoked oom-killer",
         ),
+        origin="ray",
+        origins=(
+            ("not enough host memory", "sglang"), ("can't allocate memory", "torch"), ("std::bad_alloc", "c++"),
+            ("insufficient shared memory", "torch"), ("bus error", "kernel"), ("sigbus", "kernel"),
+            ("oom-kill", "kernel"), ("invoked oom-killer", "kernel"), ("killed due to memory pressure", "kernel"),
+        ),
+        cites=(
+            ("running low on memory", "ray/_private/memory_monitor: 'Task was killed due to the node running low on memory'"),
+            ("exceeds the memory usage threshold", "ray memory monitor: '... which exceeds the memory usage threshold of 0.95. Ray killed this worker'"),
+            ("can't allocate memory", "c10/core/impl/alloc_cpu.cpp: 'DefaultCPUAllocator: can't allocate memory: you tried to allocate'"),
+            ("std::bad_alloc", "libstdc++: 'what():  std::bad_alloc'"),
+            ("insufficient shared memory", "torch/utils/data/_utils/signal_handling: 'This might be caused by insufficient shared memory (shm)'"),
+            ("bus error", "kernel SIGBUS, shell: 'Bus error (core dumped)'"),
+            ("sigbus", "kernel signal name SIGBUS"),
+            ("oom-kill", "mm/oom_kill.c: 'oom-kill:constraint=...,task=...,pid=...'"),
+            ("invoked oom-killer", "mm/oom_kill.c: '%s invoked oom-killer: gfp_mask=...'"),
+            ("killed due to memory pressure", "systemd-oomd: 'Killed ... due to memory pressure'"),
+        ),
     ),
-    _Rule("kernel_oom", Cause.HOST_OOM, ("killed process", "kill process"), pattern=_ci(r"out of memory|\boom\b")),
-    _Rule("python_memoryerror", Cause.HOST_OOM, ("memoryerror",), pattern=re.compile(r"(?<![\w.])MemoryError\b")),
+    _Rule("kernel_oom", Cause.HOST_OOM, ("killed process", "kill process"), pattern=_ci(r"out of memory|\boom\b"),
+          origin="kernel",
+          cites=(("killed process", "mm/oom_kill.c: 'Out of memory: Killed process %d (%s)'"),
+                 ("kill process", "mm/oom_kill.c (older kernels): 'Out of memory: Kill process %d (%s)'"))),
+    _Rule("python_memoryerror", Cause.HOST_OOM, ("memoryerror",), pattern=re.compile(r"(?<![\w.])MemoryError\b"),
+          origin="python", cites=(("memoryerror", "CPython builtin exception MemoryError"),)),
+    # -- hints of host memory, not evidence: a SIGKILL may come from a person, a supervisor or
+    # a job scheduler; an ENOMEM from a tiny allocation (a signal stack, a thread) says nothing
+    # about RAM. Without an OOM-killer record they are "other", with host_oom as runner-up.
     _Rule(
         "sigkill",
-        Cause.HOST_OOM,
+        Cause.OTHER,
         ("exit code", "exitcode", "return code", "returncode", "signal 9"),
         pattern=_ci(r"(?:exit ?code|return ?code)[:= ]{0,3}-9\b|killed by signal 9\b|signal 9 \(SIGKILL\)"),
         context=_before_sigquit,
+        strength="hint",
+        runner_up=Cause.HOST_OOM,
+        origins=(("exitcode", "python"), ("return code", "python"), ("returncode", "python"), ("signal 9", "kernel")),
+        cites=(("signal 9", "shell/torch elastic: 'killed by signal 9 (SIGKILL)'"),
+               ("exitcode", "multiprocessing: 'exitcode=-9'"),
+               ("return code", "subprocess: 'returned non-zero exit status'/'return code -9'"),
+               ("returncode", "subprocess.CompletedProcess returncode=-9")),
+    ),
+    _Rule(
+        "enomem",
+        Cause.OTHER,
+        ("cannot allocate memory", "errno 12]"),
+        strength="hint",
+        runner_up=Cause.HOST_OOM,
+        origin="kernel",
+        cites=(("cannot allocate memory", "glibc strerror(ENOMEM): 'Cannot allocate memory'"),
+               ("errno 12]", "CPython OSError: '[Errno 12] Cannot allocate memory'")),
+    ),
+    _Rule(
+        "ray_worker_died",
+        Cause.OTHER,
+        ("killed by sigkill by oom killer",),
+        strength="hint",
+        runner_up=Cause.HOST_OOM,
+        origin="ray",
+        cites=(("killed by sigkill by oom killer", "ray/_private/worker exit detail: 'There are some potential root "
+                "causes. (1) The process is killed by SIGKILL by OOM killer due to high memory usage.'"),),
     ),
     # -- the KV / request-slot pool: raise the fraction at startup, never lower it
     _Rule(
         "kv_pool_startup",
         Cause.KV_POOL_TOO_SMALL,
         (
-            "increase --mem-fraction-static", "larger than the profiled value",
+            "increase --mem-fraction-static", "leave no gpu memory for the kv cache", "larger than the profiled value",
             "no available memory for the cache blocks",
             "maximum number of tokens that can be stored in kv cache",
             "larger than the available kv cache memory",
         ),
         usual_phase=Phase.STARTING,
+        phase_in_text=True,
+        origins=(
+            ("larger than the profiled value", "sglang-legacy"), ("no available memory for the cache blocks", "vllm"),
+            ("maximum number of tokens that can be stored in kv cache", "vllm"),
+            ("larger than the available kv cache memory", "vllm"),
+        ),
+        cites=(
+            ("leave no gpu memory for the kv cache", "sglang 0.5.23 srt/mem_cache/kv_cache_configurator.py:3051"),
+            ("increase --mem-fraction-static", "sglang 0.5.23 srt/model_executor/pool_configurator.py:96"),
+            ("no available memory for the cache blocks", "vllm/worker/cache_engine: 'No available memory for the cache blocks. "
+             "Try increasing `gpu_memory_utilization`'"),
+            ("maximum number of tokens that can be stored in kv cache", "vllm/v1/core/kv_cache_utils.py: "
+             "'...is larger than the maximum number of tokens that can be stored in KV cache'"),
+            ("larger than the available kv cache memory", "vllm/v1/core/kv_cache_utils.py: "
+             "'...needed memory is larger than the available KV cache memory'"),
+        ),
     ),
     _Rule(
         "kv_pool_exhausted",  # raised only by the scheduler's batch loop
@@ -270,6 +414,10 @@ RULES: tuple[_Rule, ...] = (
             "prefill out of memory", "decode out of memory", "out of memory. try to lower your batch size",
         ),
         usual_phase=Phase.SERVING,
+        phase_in_text=True,
+        origins=(("runs out of memory. please set a smaller number", "sglang-legacy"),),
+        cites=(("runs out of memory. please set a smaller number", "sglang <= 0.4 schedule_batch.py alloc_req_slots: "
+                "'alloc_req_slots runs out of memory. Please set a smaller number for `--max-running-requests`.'"),),
     ),
     # -- another process holds part of the GPU: clear it
     _Rule(
@@ -277,19 +425,52 @@ RULES: tuple[_Rule, ...] = (
         Cause.CUDA_OOM_STARTUP,
         ("memory capacity is unbalanced",),
         remedy=Remedy.CLEAR_GPU,
+        usual_phase=Phase.STARTING,
+        phase_in_text=True,
     ),
     # -- CUDA OOM: runtime or startup by phase
+    _Rule(  # NCCL failed to allocate its own buffers: it does so at communicator init and on the
+        # first collectives (warm-up, profiling, graph capture), so with no phase it is start-up
+        "nccl_oom",
+        Cause.CUDA_OOM_STARTUP,
+        ("cuda failure 'out of memory'",),
+        phased=True,
+        usual_phase=Phase.STARTING,
+        origin="nccl",
+        cites=(("cuda failure 'out of memory'", "nccl src/include/checks.h CUDACHECK: "
+                "WARN(\"Cuda failure '%s'\", cudaGetErrorString(err)) after a cudaMalloc in comm init / channel setup"),),
+    ),
     _Rule(
         "cuda_oom",
         Cause.CUDA_OOM_RUNTIME,
         (
             "cuda out of memory", "cuda error: out of memory", "cuda driver error: out of memory",
-            "cuda failure 'out of memory'", "torch.outofmemoryerror", "torch.cuda.outofmemoryerror",
+            "torch.outofmemoryerror", "torch.cuda.outofmemoryerror",
             "hip out of memory", "npu out of memory", "xpu out of memory", "mps backend out of memory",
             "cublas_status_alloc_failed", "cudaerrormemoryallocation", "resource_exhausted: out of memory",
         ),
         phased=True,
-        usual_phase=Phase.SERVING,  # startup OOMs come with init frames or progress lines
+        # Unknown phase: most OOMs pasted bare are serving-time activation spikes. The reading
+        # is then uncertain and the remedy is one rung down, right for either phase.
+        usual_phase=Phase.SERVING,
+        origin="torch",
+        origins=(("cublas_status_alloc_failed", "cuda"),
+                 ("cudaerrormemoryallocation", "cuda"), ("resource_exhausted: out of memory", "xla"),
+                 ("npu out of memory", "torch_npu"), ("hip out of memory", "torch"), ("xpu out of memory", "torch")),
+        cites=(
+            ("cuda out of memory", "c10/cuda/CUDACachingAllocator.cpp: 'CUDA out of memory. Tried to allocate'"),
+            ("cuda error: out of memory", "c10/cuda/CUDAException.h: 'CUDA error: ' + cudaGetErrorString -> 'out of memory'"),
+            ("cuda driver error: out of memory", "c10/cuda/driver_api.h: 'CUDA driver error: out of memory'"),
+            ("torch.outofmemoryerror", "torch/__init__.py: OutOfMemoryError (torch >= 2.5)"),
+            ("torch.cuda.outofmemoryerror", "torch/cuda/__init__.py: OutOfMemoryError (torch < 2.5)"),
+            ("hip out of memory", "c10/hip/HIPCachingAllocator.cpp: 'HIP out of memory. Tried to allocate'"),
+            ("npu out of memory", "torch_npu NPUCachingAllocator: 'NPU out of memory. Tried to allocate'"),
+            ("xpu out of memory", "c10/xpu/XPUCachingAllocator.cpp: 'XPU out of memory. Tried to allocate'"),
+            ("mps backend out of memory", "aten/src/ATen/mps/MPSAllocator.mm: 'MPS backend out of memory'"),
+            ("cublas_status_alloc_failed", "cublas_api.h: CUBLAS_STATUS_ALLOC_FAILED"),
+            ("cudaerrormemoryallocation", "cuda_runtime_api.h: cudaErrorMemoryAllocation = 2"),
+            ("resource_exhausted: out of memory", "xla/tsl status: 'RESOURCE_EXHAUSTED: Out of memory'"),
+        ),
     ),
     _Rule(  # "CUDA error (/path/kernel.h:188): out of memory"
         "cuda_oom_at",
@@ -298,6 +479,8 @@ RULES: tuple[_Rule, ...] = (
         pattern=_ci(r"cuda error \([^)\n]{1,300}\): out of memory"),
         phased=True,
         usual_phase=Phase.SERVING,
+        origin="cuda",
+        cites=(("out of memory", "cuda_runtime_api.h cudaErrorMemoryAllocation: 'out of memory'"),),
     ),
     # -- CUDA faults; deterministic ones cannot be fixed by a restart
     _Rule(
@@ -308,6 +491,15 @@ RULES: tuple[_Rule, ...] = (
             "invalid device function", "driver version is insufficient",
         ),
         remedy=Remedy.GIVE_UP,
+        origin="cuda",
+        cites=(
+            ("no kernel image is available", "cuda_runtime_api.h cudaErrorNoKernelImageForDevice"),
+            ("unsupported toolchain", "cuda_runtime_api.h cudaErrorUnsupportedPtxVersion: "
+             "'the provided PTX was compiled with an unsupported toolchain'"),
+            ("ptx jit compilation failed", "cuda_runtime_api.h cudaErrorJitCompilerNotFound/'PTX JIT compilation failed'"),
+            ("invalid device function", "cuda_runtime_api.h cudaErrorInvalidDeviceFunction"),
+            ("driver version is insufficient", "cuda_runtime_api.h cudaErrorInsufficientDriver"),
+        ),
     ),
     _Rule(
         "cuda_fault",
@@ -317,19 +509,65 @@ RULES: tuple[_Rule, ...] = (
             "misaligned address", "unspecified launch failure", "cudaerrorillegaladdress",
             "cuda_error_illegal_address",
         ),
+        origin="cuda",
+        cites=(
+            ("illegal memory access", "cuda_runtime_api.h cudaErrorIllegalAddress: 'an illegal memory access was encountered'"),
+            ("device-side assert triggered", "cuda_runtime_api.h cudaErrorAssert: 'device-side assert triggered'"),
+            ("illegal instruction was encountered", "cuda_runtime_api.h cudaErrorIllegalInstruction"),
+            ("misaligned address", "cuda_runtime_api.h cudaErrorMisalignedAddress"),
+            ("unspecified launch failure", "cuda_runtime_api.h cudaErrorLaunchFailure"),
+            ("cudaerrorillegaladdress", "cuda_runtime_api.h: cudaErrorIllegalAddress = 700"),
+            ("cuda_error_illegal_address", "cuda.h: CUDA_ERROR_ILLEGAL_ADDRESS = 700"),
+        ),
+    ),
+    _Rule(  # a kernel's own assert, printed by the device runtime before the error is raised
+        "device_assert",
+        Cause.CUDA_ERROR,
+        ("assertion `",),
+        pattern=re.compile(r"\.cuh?:\d{1,6}: [^\n]{0,300}?block: \[\d{1,6},\d{1,6},\d{1,6}\], thread: \[\d{1,6},\d{1,6},\d{1,6}\] Assertion `"),
+        origin="cuda",
+        cites=(("assertion `", "CUDA device runtime __assertfail: '%s:%d: %s: block: [%d,%d,%d], thread: [%d,%d,%d] "
+                "Assertion `%s` failed.'"),),
     ),
     # -- a port someone else holds (HTTP, dist-init, ZMQ)
-    _Rule("port", Cause.PORT_IN_USE, ("address already in use", "eaddrinuse", "errno 98", "address in use")),
-    _Rule("port_taken", Cause.PORT_IN_USE, ("already in use",), pattern=_ci(r"\bport\b[^\n]{0,60}?already in use")),
-    # -- NCCL / distributed communication (a collective timeout too: it is NCCL's watchdog)
+    _Rule("port", Cause.PORT_IN_USE, ("address already in use", "eaddrinuse", "errno 98", "address in use"),
+          origin="kernel",
+          cites=(("address already in use", "glibc strerror(EADDRINUSE): 'Address already in use'"),
+                 ("eaddrinuse", "errno name EADDRINUSE (torch TCPStore: 'name: EADDRINUSE')"),
+                 ("errno 98", "CPython OSError: '[Errno 98] Address already in use'"),
+                 ("address in use", "zmq: 'Address in use' (zmq.error.ZMQError)"))),
+    _Rule("port_taken", Cause.PORT_IN_USE, ("already in use",), pattern=_ci(r"\bport\b[^\n]{0,60}?already in use"),
+          cites=(("already in use", "sglang server_args.py / utils: 'port ... is already in use'"),)),
+    # -- NCCL / distributed communication
     _Rule(
         "nccl",
         Cause.NCCL_ERROR,
         (
             "nccl error", "ncclinternalerror", "ncclsystemerror", "ncclunhandledcudaerror",
-            "ncclremoteerror", "ncclinvalidusage", "collective operation timeout",
-            "process group watchdog", "distbackenderror", "distnetworkerror", "nccl communicator",
+            "ncclremoteerror", "ncclinvalidusage", "distbackenderror", "distnetworkerror", "nccl communicator",
         ),
+        origin="nccl",
+        origins=(("distbackenderror", "torch"), ("distnetworkerror", "torch"), ("nccl error", "torch")),
+        cites=(
+            ("nccl error", "torch/csrc/distributed/c10d/NCCLUtils.hpp C10D_NCCL_CHECK: 'NCCL error in: '"),
+            ("ncclinternalerror", "nccl.h ncclInternalError"), ("ncclsystemerror", "nccl.h ncclSystemError"),
+            ("ncclunhandledcudaerror", "nccl.h ncclUnhandledCudaError"), ("ncclremoteerror", "nccl.h ncclRemoteError"),
+            ("ncclinvalidusage", "nccl.h ncclInvalidUsage"),
+            ("distbackenderror", "torch/distributed: DistBackendError"),
+            ("distnetworkerror", "torch/distributed: DistNetworkError"),
+            ("nccl communicator", "torch ProcessGroupNCCL: 'NCCL communicator was aborted'"),
+        ),
+    ),
+    # -- echoes: a collective that timed out or a peer that vanished is what the other ranks
+    # see after one rank died; the cause is that rank's failure when the log has it
+    _Rule(
+        "nccl_watchdog",
+        Cause.NCCL_ERROR,
+        ("collective operation timeout", "process group watchdog"),
+        strength="echo",
+        origin="torch",
+        cites=(("collective operation timeout", "torch ProcessGroupNCCL.cpp: 'Watchdog caught collective operation timeout'"),
+               ("process group watchdog", "torch ProcessGroupNCCL.cpp: 'Process group watchdog thread terminated with exception'")),
     ),
     _Rule(  # torch's NCCL watchdog; its warnings ("using GPU 0 to perform barrier") do not count
         "nccl_timeout",
@@ -338,9 +576,19 @@ RULES: tuple[_Rule, ...] = (
         pattern=_ci(
             r"checktimeout|detected by watchdog|failed or timed out|taking the entire process down|was aborted"
         ),
+        strength="echo",
+        origin="torch",
+        cites=(("processgroupnccl", "torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp"),),
     ),
     # gloo failures (its transport or mesh setup), not "[Gloo] Rank 0 is connected to 7 peer ranks"
-    _Rule("gloo", Cause.NCCL_ERROR, ("gloo/transport/", "connectfullmesh failed")),
+    _Rule("gloo", Cause.NCCL_ERROR, ("gloo/transport/", "connectfullmesh failed", "connection closed by peer",
+                                     "connection reset by peer"),
+          strength="echo", origin="gloo",
+          origins=(("connection reset by peer", "kernel"),),
+          cites=(("gloo/transport/", "gloo/transport/tcp/pair.cc: '[.../gloo/transport/tcp/pair.cc:534] Connection closed by peer'"),
+                 ("connectfullmesh failed", "gloo/rendezvous/context.cc: 'connectFullMesh failed'"),
+                 ("connection closed by peer", "gloo/transport/tcp/pair.cc: 'Connection closed by peer'"),
+                 ("connection reset by peer", "glibc strerror(ECONNRESET): 'Connection reset by peer'"))),
     # -- any other CUDA error
     _Rule(
         "cuda_error",
@@ -348,6 +596,17 @@ RULES: tuple[_Rule, ...] = (
         ("cuda error", "cuda driver error", "cuda runtime error", "cudaerror", "cuda_error_", "cublas_status_",
          "cudnn_status_", "acceleratorerror", "cuda failure", "triton error [cuda]"),
         pattern=_CUDA_ERROR_PATTERN,
+        origin="torch",
+        origins=(("cudaerror", "cuda"), ("cuda_error_", "cuda"), ("cublas_status_", "cuda"), ("cudnn_status_", "cuda"),
+                 ("cuda failure", "nccl"), ("triton error [cuda]", "triton")),
+        cites=(("cuda error", "c10/cuda/CUDAException.h C10_CUDA_CHECK: 'CUDA error: '"),
+               ("cuda driver error", "c10/cuda/driver_api.h: 'CUDA driver error: '"),
+               ("cuda runtime error", "torch (old) THCGeneral: 'cuda runtime error (%d) : %s'"),
+               ("cudaerror", "cuda_runtime_api.h cudaError_t names"), ("cuda_error_", "cuda.h CUresult names"),
+               ("cublas_status_", "cublas_api.h cublasStatus_t names"), ("cudnn_status_", "cudnn.h cudnnStatus_t names"),
+               ("acceleratorerror", "torch/__init__.py AcceleratorError (torch >= 2.8)"),
+               ("cuda failure", "nccl src/include/checks.h: 'Cuda failure '%s''"),
+               ("triton error [cuda]", "triton/backends/nvidia/driver.c: 'Triton Error [CUDA]: '")),
     ),
     # -- SGLang's own scheduler watchdog (not NCCL's, matched above)
     _Rule(
@@ -355,18 +614,63 @@ RULES: tuple[_Rule, ...] = (
         Cause.WATCHDOG_HANG,
         ("(self.watchdog_timeout=", "scheduler watchdog timeout", "scheduler debug info:"),
         usual_phase=Phase.SERVING,  # it fires only with a batch in flight
+        phase_in_text=True,
+        origins=(("(self.watchdog_timeout=", "sglang-legacy"), ("scheduler watchdog timeout", "sglang-legacy"),
+                 ("scheduler debug info:", "sglang-legacy")),
+        cites=(("(self.watchdog_timeout=", "sglang 0.4-0.5.6 scheduler.py watchdog_thread: "
+                "f'Watchdog timeout ({self.watchdog_timeout=})'"),
+               ("scheduler watchdog timeout", "sglang 0.5.x utils/watchdog.py: 'Scheduler watchdog timeout'"),
+               ("scheduler debug info:", "sglang 0.5.x utils/watchdog.py: 'Scheduler debug info:'")),
     ),
     # -- the model cannot be loaded
     _Rule(
         "model_files",
         Cause.MODEL_LOAD_ERROR,
         (
-            "are not supported for now", "is not supported for now", "does not recognize this architecture",
+            "are not supported for now", "is not supported for now", "unsupported architectures:",
+            "does not recognize this architecture",
             "unrecognized model in", "failed to be inspected", "safetensorerror",
             "error while deserializing header", "headertoolarge", "metadataincompletebuffer",
             "incomplete metadata", "does not appear to have a file named", "is not a valid model identifier",
             "repository not found", "gatedrepoerror", "can't load the configuration", "can't load tokenizer",
             "error(s) in loading state_dict", "size mismatch for", "unrecognized configuration class",
+            "pytorchstreamreader failed", "invalid load key", "not a local folder and is not a valid model identifier",
+            "repo id must be in the form", "hfvalidationerror",
+        ),
+        origin="hf",
+        origins=(
+            ("are not supported for now", "sglang"), ("is not supported for now", "sglang-legacy"),
+            ("unsupported architectures:", "sglang-legacy"), ("failed to be inspected", "vllm"),
+            ("safetensorerror", "safetensors"), ("error while deserializing header", "safetensors"),
+            ("headertoolarge", "safetensors"), ("metadataincompletebuffer", "safetensors"),
+            ("incomplete metadata", "safetensors"), ("error(s) in loading state_dict", "torch"),
+            ("size mismatch for", "torch"), ("pytorchstreamreader failed", "torch"), ("invalid load key", "python"),
+        ),
+        cites=(
+            ("is not supported for now", "sglang <= 0.4 model_config: 'Model architectures [...] is not supported for now'"),
+            ("unsupported architectures:", "sglang 0.2-0.3 model_loader: 'Unsupported architectures: %s. Supported list: %s'"),
+            ("does not recognize this architecture", "transformers/models/auto/configuration_auto.py: "
+             "'Transformers does not recognize this architecture'"),
+            ("unrecognized model in", "transformers configuration_auto.py: 'Unrecognized model in %s'"),
+            ("failed to be inspected", "vllm/model_executor/models/registry.py: 'Model architectures %s failed to be inspected'"),
+            ("safetensorerror", "safetensors_rust.SafetensorError"),
+            ("error while deserializing header", "safetensors: 'Error while deserializing header: %s'"),
+            ("headertoolarge", "safetensors: HeaderTooLarge"), ("metadataincompletebuffer", "safetensors: MetadataIncompleteBuffer"),
+            ("incomplete metadata", "safetensors: 'incomplete metadata, file not fully covered'"),
+            ("does not appear to have a file named", "transformers/utils/hub.py: '%s does not appear to have a file named %s'"),
+            ("is not a valid model identifier", "transformers/utils/hub.py: 'is not a local folder and is not a valid model identifier'"),
+            ("not a local folder and is not a valid model identifier", "transformers/utils/hub.py"),
+            ("repository not found", "huggingface_hub RepositoryNotFoundError: 'Repository Not Found'"),
+            ("gatedrepoerror", "huggingface_hub.errors.GatedRepoError"),
+            ("can't load the configuration", "transformers configuration_utils.py: \"Can't load the configuration of\""),
+            ("can't load tokenizer", "transformers tokenization_utils_base.py: \"Can't load tokenizer for\""),
+            ("error(s) in loading state_dict", "torch/nn/modules/module.py: 'Error(s) in loading state_dict for'"),
+            ("size mismatch for", "torch/nn/modules/module.py: 'size mismatch for %s'"),
+            ("unrecognized configuration class", "transformers auto_factory.py: 'Unrecognized configuration class'"),
+            ("pytorchstreamreader failed", "caffe2/serialize/inline_container.cc: 'PytorchStreamReader failed reading zip archive'"),
+            ("invalid load key", "CPython pickle: \"invalid load key, '%c'.\""),
+            ("repo id must be in the form", "huggingface_hub/utils/_validators.py: 'Repo id must be in the form'"),
+            ("hfvalidationerror", "huggingface_hub.errors.HFValidationError"),
         ),
     ),
     _Rule(
@@ -377,6 +681,8 @@ RULES: tuple[_Rule, ...] = (
             r"no such file or directory[^\n]{0,300}?"
             r"(?:safetensors|\.bin\b|\.pt\b|\.gguf|config\.json|tokenizer|/models?/)"
         ),
+        origin="kernel",
+        cites=(("no such file or directory", "glibc strerror(ENOENT): 'No such file or directory'"),),
     ),
     _Rule(  # a checkpoint that does not match the model code
         "loader_mismatch",
@@ -384,6 +690,9 @@ RULES: tuple[_Rule, ...] = (
         ("keyerror", "assertionerror"),
         pattern=re.compile(r"(?<![\w.])(?:KeyError|AssertionError)\b"),
         context=_loader_context,
+        origin="python",
+        cites=(("keyerror", "CPython builtin KeyError, raised in a load_weights frame"),
+               ("assertionerror", "CPython builtin AssertionError, raised in a load_weights frame")),
     ),
     # -- the server's arguments (argparse, or an exception that names a flag or a constraint)
     _Rule(
@@ -391,6 +700,12 @@ RULES: tuple[_Rule, ...] = (
         Cause.CONFIG_ERROR,
         ("error: unrecognized arguments", "error: argument", "error: ambiguous option",
          "error: the following arguments are required", "invalid choice:"),
+        origin="python",
+        cites=(("error: unrecognized arguments", "CPython argparse.py: 'unrecognized arguments: %s'"),
+               ("error: argument", "CPython argparse.py ArgumentError: 'argument %s: %s'"),
+               ("error: ambiguous option", "CPython argparse.py: 'ambiguous option: %s could match %s'"),
+               ("error: the following arguments are required", "CPython argparse.py: 'the following arguments are required: %s'"),
+               ("invalid choice:", "CPython argparse.py: 'invalid choice: %r (choose from %s)'")),
     ),
     _Rule(
         "constraint",
@@ -402,7 +717,18 @@ RULES: tuple[_Rule, ...] = (
             r"|(?:is|are) not supported (?:with|when)|divisible by|user-specified max_model_len"
             r"|trust_remote_code|no bucket >= ?\d|validation error for"
         ),
-        context=_raised,  # an exception, not a warning that mentions a limit
+        context=_raised_or_validation,  # an exception or a validation message, not a warning
+        origins=(("user-specified max_model_len", "vllm"), ("no bucket >=", "vllm"), ("validation error for", "pydantic"),
+                 ("trust_remote_code", "hf")),
+        cites=(("user-specified max_model_len", "vllm/config: 'User-specified max_model_len (%d) is greater than'"),
+               ("no bucket >=", "vllm-ascend/hpu bucketing: 'no bucket >= %d'"),
+               ("validation error for", "pydantic_core: '%d validation error for %s'"),
+               ("trust_remote_code", "transformers dynamic_module_utils: 'set the option `trust_remote_code=True`'"),
+               ("divisible by", "sglang/vllm config checks: '... must be divisible by tensor parallel size'"),
+               ("compatible with", "sglang server_args.py checks: '... is not compatible with ...'"),
+               ("cannot be used", "sglang server_args.py checks: '... cannot be used with ...'"),
+               ("not supported with", "sglang server_args.py checks: '... is not supported with ...'"),
+               ("not supported when", "sglang server_args.py checks: '... is not supported when ...'")),
     ),
     _Rule(
         "flag_named",
@@ -410,6 +736,25 @@ RULES: tuple[_Rule, ...] = (
         ("valueerror", "assertionerror", "argumenterror", "argumenttypeerror"),
         pattern=re.compile(r"(?<![\w-])--[a-z][a-z0-9-]{1,60}"),
         context=_raised_by(("ValueError", "AssertionError", "ArgumentError", "ArgumentTypeError")),
+        origin="python",
+        cites=(("valueerror", "CPython builtin ValueError naming a --flag"),
+               ("assertionerror", "CPython builtin AssertionError naming a --flag"),
+               ("argumenterror", "CPython argparse.ArgumentError"), ("argumenttypeerror", "CPython argparse.ArgumentTypeError")),
+    ),
+    _Rule(  # a flag or environment value of the wrong type (a string where a number belongs)
+        "value_type",
+        Cause.CONFIG_ERROR,
+        ("typeerror",),
+        pattern=re.compile(
+            r"TypeError: (?:'str' object cannot be interpreted as an integer"
+            r"|[^\n]{0,80}must be (?:an? )?(?:int|integer|float|real number)[^\n]{0,20}, not '?str"
+            r"|'[<>]=?' not supported between instances of (?:'str' and '(?:int|float)'|'(?:int|float)' and 'str')"
+            r"|unsupported operand type\(s\) for [^\n]{1,6}: (?:'str' and '(?:int|float)'|'(?:int|float)' and 'str'))"
+        ),
+        context=_at_startup,
+        origin="python",
+        cites=(("typeerror", "CPython: \"'str' object cannot be interpreted as an integer\", "
+                "\"must be real number, not str\", \"'<' not supported between instances of 'str' and 'int'\""),),
     ),
 )
 _NEEDLES: tuple[str, ...] = tuple(dict.fromkeys(n for rule in RULES for n in rule.needles))
@@ -435,8 +780,9 @@ _WEIGHTS_FRAMES = (
 )
 _CAPTURE_FRAMES = (
     "init_cuda_graphs", "= cudagraphrunner(", "capture", "warmup", "warm_up", "warming up",
-    "profile_run", "_dummy_run", "determine_num_available_blocks", "determine_available_memory",
-    "initialize_kv_cache",
+    "profile_run", "_dummy_run", "_dummy_sampler_run", "dummy_metadata", "dummy_batch", "dummy_input",
+    "determine_num_available_blocks", "determine_available_memory", "initialize_kv_cache",
+    "profile_max_num_token", "kv_cache_configurator", "init_device_graphs", "cuda_graph_capture",
 )
 _STARTUP_FRAMES = (
     "= scheduler(", "= modelrunner(", "= tpmodelworker(", "= tpworkerclass(", "init_model_worker",
@@ -449,7 +795,8 @@ _SERVING_FRAMES = (
     "forward_thread_func", "forward_extend", "forward_decode", "execute_model", "step_with_batch_queue",
     "run_busy_loop", "_process_engine_step", "run_engine_loop", "engine_step", "_log_task_completion",
     "output_handler", "error in model execution", "serving_chat", "serving_completion", "engine loop",
-    "process_batch_result", "get_next_batch_to_run", "get_model_worker_batch",
+    "process_batch_result", "get_next_batch_to_run", "get_model_worker_batch", "worker_busy_loop",
+    "forward_prefill", "_continuation_prefill", "generate_request", "handle_generate_request",
 )
 # Lines that belong to a failure report although they are not traceback lines.
 _REPORT_LINES = (
@@ -499,6 +846,39 @@ def tail_text(tail: bytes | str, limit: int = MAX_TAIL_BYTES) -> str:
     return text
 
 
+# Where a line that had other lines joined onto it is cut again: before a traceback header,
+# a frame line, a timestamped record or an exception line.
+_JOIN_POINT = re.compile(
+    r"(?<=\S) {1,8}(?=Traceback \(most recent call last\)|File \"[^\"\n]{1,300}\", line \d"
+    r"|\[\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d|(?:[A-Za-z_]\w{0,60}\.){0,6}[A-Z]\w{0,60}(?:Error|Exception): )"
+)
+_JOINED_LINE_CHARS = 600  # only lines longer than this are looked at for joins
+
+
+def _unmangle(parts: list[str]) -> tuple[list[str], list[int] | None]:
+    """The lines of a log pasted with a blank line after every line, or with lines joined,
+    back as the server printed them; and each new line's index in ``parts`` (None: same)."""
+    nonblank = [i for i, line in enumerate(parts) if line.strip(" >\t\r")]
+    doubled = len(nonblank) >= 4 and sum(
+        1 for i in nonblank if i + 1 < len(parts) and not parts[i + 1].strip(" >\t\r")
+    ) >= 0.8 * len(nonblank)
+    long_lines = any(len(line) > _JOINED_LINE_CHARS for line in parts)
+    if not doubled and not long_lines:
+        return parts, None
+    lines: list[str] = []
+    orig: list[int] = []
+    for i in nonblank if doubled else range(len(parts)):
+        line = parts[i]
+        pieces = [line]
+        if len(line) > _JOINED_LINE_CHARS:
+            cuts = [m.end() for m in _JOIN_POINT.finditer(line, 0, 64 * MAX_LINE_CHARS)][:200]
+            if cuts:
+                pieces = [line[a:b] for a, b in zip([0, *cuts], [*cuts, len(line)], strict=True)]
+        lines.extend(pieces)
+        orig.extend([i] * len(pieces))
+    return lines, orig
+
+
 class _Log:
     """A log tail split into lines, with substring search over its lowered text.
 
@@ -509,11 +889,12 @@ class _Log:
     """
 
     def __init__(self, text: str) -> None:
-        parts = text.rsplit("\n", MAX_LINES)
+        parts = text.replace("\r\n", "\n").rsplit("\n", MAX_LINES)
         self.skipped = 0  # lines dropped from the front (beyond MAX_LINES)
         if len(parts) > MAX_LINES:
             self.skipped = parts[0].count("\n") + 1
             parts = parts[1:]
+        parts, self._orig = _unmangle(parts)
         self._lines = parts
         self._low_text = "\n".join(parts).lower()  # lower() never makes or takes a newline
         self._low_lines = self._low_text.split("\n")
@@ -526,7 +907,7 @@ class _Log:
 
     def lineno(self, i: int) -> int:
         """1-based line number of line ``i`` in the text given."""
-        return i + 1 + self.skipped
+        return (self._orig[i] if self._orig is not None else i) + 1 + self.skipped
 
     def text(self, i: int) -> str:
         return self._lines[i][:MAX_LINE_CHARS].rstrip("\r")
@@ -601,10 +982,17 @@ class _Log:
             if _TRACEBACK in self.low(i):
                 found.append(i)
                 break
-            if not (self.is_frame(i) or self.is_code(i) or _CARETS.fullmatch(_strip_prefix(self.text(i)))):
+            if not (self.is_frame(i) or self.is_code(i) or _CARETS.fullmatch(_strip_prefix(self.text(i)))
+                    or self._continued_source(i)):
                 break  # not part of a traceback
             found.append(i)
         return found
+
+    def _continued_source(self, i: int) -> bool:
+        """An indented line of a multi-line source statement that a traceback shows."""
+        text = self.text(i)
+        body = _strip_prefix(text)
+        return bool(body) and text[: len(text) - len(body)].endswith("    ") and self.exception(i) is None
 
     def logical(self, i: int) -> tuple[str, int]:
         """Line ``i`` plus, for an exception whose message is on the next lines, those lines."""
@@ -624,17 +1012,32 @@ class _Log:
 
     # -- facts around a line
 
-    def nearest_progress(self, i: int) -> tuple[Phase, str | None] | None:
-        """The phase (and startup stage) the last progress line before ``i`` shows."""
+    def nearest_progress(self, i: int) -> tuple[tuple[Phase, str | None], str] | None:
+        """The phase (and startup stage) the last progress line before ``i`` shows, and its marker."""
         last_startup = self.last_line(tuple(_STARTUP_PROGRESS), i)
         last_serving = self.last_line(_SERVING_PROGRESS, i)
         if last_startup < 0 and last_serving < 0:
             return None
         if last_serving > last_startup:
-            return Phase.SERVING, None
+            low = self.low(last_serving)
+            return (Phase.SERVING, None), next((k for k in _SERVING_PROGRESS if k in low), "serving")
         low = self.low(last_startup)
-        stage = next((st for key, st in _STARTUP_PROGRESS.items() if key in low), None)
-        return Phase.STARTING, stage
+        key, stage = next(((k, st) for k, st in _STARTUP_PROGRESS.items() if k in low), ("start-up", None))
+        return (Phase.STARTING, stage), key
+
+    def progress_anywhere(self) -> tuple[tuple[Phase, str | None], str] | None:
+        """The phase progress lines anywhere in the log show: serving lines mean serving;
+        start-up markers with no ready line mean start-up (the server never became ready)."""
+        serving = self.last_line(_SERVING_PROGRESS, self.count)
+        if serving >= 0:
+            low = self.low(serving)
+            return (Phase.SERVING, None), next((k for k in _SERVING_PROGRESS if k in low), "serving")
+        startup = self.last_line(tuple(_STARTUP_PROGRESS), self.count)
+        if startup < 0:
+            return None
+        low = self.low(startup)
+        key, stage = next(((k, st) for k, st in _STARTUP_PROGRESS.items() if k in low), ("start-up", None))
+        return (Phase.STARTING, stage), key
 
     def report_lines(self, index: int, end: int) -> list[int]:
         """The failure report around an error: its traceback, itself, what follows."""
@@ -695,41 +1098,84 @@ class _Finding:
     support: int  # a supporting line (== index when none)
 
 
-def _find(log: _Log) -> _Finding | None:
-    """The first specific error of the crash."""
+_RUNNER_UP_LINES = 40  # candidate lines read past the first naming finding, for a runner-up
+_STRENGTHS = ("names", "hint", "echo")
+
+
+def _find(log: _Log) -> tuple[_Finding | None, _Finding | None]:
+    """The first failure of the crash, and the first one of another cause after it.
+
+    The first line (in log order, whichever rank printed it) that names a cause wins; when
+    none does, the first hint (a SIGKILL, an ENOMEM); when there is no hint either, the
+    first echo (a closed peer connection, a collective timeout), which is then all we have.
+    """
     hits = log.find_needles(_NEEDLES, log.crash_start)
     consumed = -1
+    first: dict[str, _Finding] = {}
+    found_all: list[_Finding] = []
+    after_names = 0
     for i in sorted(hits)[-MAX_CANDIDATES:]:
         if i <= consumed or log.is_frame(i) or log.is_code(i):
             continue
+        if "names" in first:
+            after_names += 1
+            if after_names > _RUNNER_UP_LINES:
+                break
         text, end = log.logical(i)
         consumed = end
         found = set().union(*(hits.get(j, ()) for j in range(i, end + 1)))
         for rule in RULES:
             support = rule.matches(log, i, text, found)
             if support is not None:
-                return _Finding(rule, i, end, support)
-    return None
+                finding = _Finding(rule, i, end, support)
+                first.setdefault(rule.strength, finding)
+                found_all.append(finding)
+                break
+    chosen = next((first[s] for s in _STRENGTHS if s in first), None)
+    if chosen is None:
+        return None, None
+    other = next((f for f in found_all if f.rule.cause is not chosen.rule.cause and f.rule.strength == "names"), None)
+    return chosen, other
 
 
-def _phase_at(log: _Log, finding_lines: list[int], index: int, given: Phase | None) -> tuple[Phase | None, str | None]:
-    """Phase and startup stage ("weights", "pool", "capture" or None) of an error."""
+def _phase_at(
+    log: _Log, finding_lines: list[int], index: int, given: Phase | None
+) -> tuple[Phase | None, str | None, str]:
+    """Phase, startup stage ("weights", "pool", "capture" or None) and what says so.
+
+    In order: a daemon that saw the server serve; the frames of the failure report
+    (start-up frames win: they are the outer ones); the last progress line before the
+    error; progress lines anywhere in the log (serving lines mean serving; start-up markers
+    without a ready line mean start-up); the phase the daemon saw; else unknown.
+    """
     if given is Phase.SERVING:
-        return Phase.SERVING, None
+        return Phase.SERVING, None, "daemon"
     report = "".join(log.low(i) + "\n" for i in finding_lines)
     progress = log.nearest_progress(index)
-    if any(k in report for k in (*_WEIGHTS_FRAMES, *_CAPTURE_FRAMES, *_STARTUP_FRAMES)):
+    startup_kw = next((k for k in (*_CAPTURE_FRAMES, *_WEIGHTS_FRAMES, *_STARTUP_FRAMES) if k in report), None)
+    if startup_kw is not None:
+        source = f"frames: {startup_kw.strip(' =(.')}"
         if any(k in report for k in _CAPTURE_FRAMES):
-            return Phase.STARTING, "capture"
+            return Phase.STARTING, "capture", source
         if any(k in report for k in _WEIGHTS_FRAMES):
-            return Phase.STARTING, "weights"
-        stage = progress[1] if progress and progress[0] is Phase.STARTING else None
-        return Phase.STARTING, stage
-    if any(k in report for k in _SERVING_FRAMES):
-        return Phase.SERVING, None
+            return Phase.STARTING, "weights", source
+        stage = progress[0][1] if progress and progress[0][0] is Phase.STARTING else None
+        return Phase.STARTING, stage, source
+    serving_kw = next((k for k in _SERVING_FRAMES if k in report), None)
+    if serving_kw is not None:
+        return Phase.SERVING, None, f"frames: {serving_kw}"
     if progress is not None:
-        return progress
-    return given, None
+        (phase, stage), marker = progress
+        return phase, stage, f"markers: last progress line before the error is {marker!r}"
+    anywhere = log.progress_anywhere()
+    if anywhere is not None:
+        (phase, stage), marker = anywhere
+        if phase is Phase.SERVING:
+            return phase, None, f"markers: {marker!r} in the log"
+        return phase, stage, f"markers: {marker!r}, no ready line"
+    if given is Phase.STARTING:
+        return Phase.STARTING, None, "daemon"
+    return None, None, "unknown"
 
 
 def _evidence(log: _Log, lines: list[int], support: int | None = None) -> tuple[str, ...]:
@@ -740,29 +1186,75 @@ def _evidence(log: _Log, lines: list[int], support: int | None = None) -> tuple[
     return tuple(log.text(i).strip()[:MAX_EVIDENCE_CHARS] for i in order)
 
 
-def _from_finding(log: _Log, f: _Finding, given: Phase | None) -> Diagnosis:
-    phase, stage = _phase_at(log, log.report_lines(f.index, f.end), f.index, given)
-    phase = phase or f.rule.usual_phase or Phase.STARTING
-    cause, override = f.rule.cause, f.rule.remedy
-    if f.rule.phased:
+_PHASE_DEPENDENT = frozenset({Cause.CUDA_OOM_RUNTIME, Cause.CUDA_OOM_STARTUP, Cause.KV_POOL_TOO_SMALL})
+_MIN_FRACTION = re.compile(r"raise --mem-fraction-static above ([0-9]{1,3}(?:\.[0-9]{1,6})?)", re.IGNORECASE)
+_KILLED_WHO = re.compile(r"Subprocess (\S{1,80}) \(pid=\d{1,10}\)|Rank (\d{1,5}) scheduler|(\w{1,80}) exited with")
+
+
+def _killed_summary(log: _Log, f: _Finding) -> str:
+    """The line a hint adds to the evidence: what it shows and what it does not."""
+    if f.rule.name == "enomem":
+        return "ENOMEM from an allocation, no OOM-killer record and no out-of-memory error: not evidence of host OOM"
+    if f.rule.name == "ray_worker_died":
+        return "worker died; Ray lists the OOM killer among possible causes, no OOM-killer record"
+    m = _KILLED_WHO.search(log.text(f.index))
+    who = None
+    if m:
+        who = m.group(1) or (f"rank {m.group(2)} scheduler" if m.group(2) else m.group(3))
+    return f"{who or 'a server process'} killed by SIGKILL, no OOM-killer record"
+
+
+def _from_finding(log: _Log, f: _Finding, other: _Finding | None, given: Phase | None) -> Diagnosis:
+    rule = f.rule
+    phase, stage, source = _phase_at(log, log.report_lines(f.index, f.end), f.index, given)
+    if phase is None and rule.usual_phase is not None and rule.phase_in_text:
+        phase, source = rule.usual_phase, f"evidence: this message is printed only while {rule.usual_phase}"
+    phase_known = phase is not None
+    phase = phase or rule.usual_phase or Phase.STARTING
+    cause, override = rule.cause, rule.remedy
+    if rule.phased:
         cause = Cause.CUDA_OOM_RUNTIME if phase is Phase.SERVING else Cause.CUDA_OOM_STARTUP
         if cause is Cause.CUDA_OOM_STARTUP and stage in _CLEAR_GPU_STAGES:
             override = Remedy.CLEAR_GPU  # the weights/pool did not fit: a lower fraction won't help
     if cause is Cause.KV_POOL_TOO_SMALL and phase is Phase.SERVING:
         override = Remedy.RESTART  # pool exhausted by load: a higher fraction costs activations
+    certain = rule.strength == "names" and (phase_known or cause not in _PHASE_DEPENDENT)
+    runner_up = rule.runner_up
+    if not certain:
+        if rule.phased:
+            runner_up = Cause.CUDA_OOM_RUNTIME if cause is Cause.CUDA_OOM_STARTUP else Cause.CUDA_OOM_STARTUP
+            override = Remedy.FRACTION_DOWN  # either phase: one rung down is the least harm
+        elif cause in _MEMORY_CAUSES:
+            override = Remedy.RESTART  # never raise the fraction or halve the host cache on a guess
+        if runner_up is None and other is not None:
+            runner_up = other.rule.cause
     exc = log.exception_near(f.index)
     header = exc[2] if exc else f.index
+    text, _ = log.logical(f.index)
+    m = _MIN_FRACTION.search(text) if cause is Cause.KV_POOL_TOO_SMALL else None
+    evidence = _evidence(log, [header, *range(f.index, f.end + 1)], f.support)
+    if rule.strength == "hint":
+        evidence = (*evidence, _killed_summary(log, f))
+    if not phase_known:
+        source = f"unknown (assumed {phase}: the most common reading)"
     return Diagnosis(
         cause=cause,
         phase=phase,
-        evidence=_evidence(log, [header, *range(f.index, f.end + 1)], f.support),
+        evidence=evidence,
         evidence_lineno=log.lineno(header),
         exc_type=exc[0] if exc else None,
         exc_message=(exc[1][:MAX_EVIDENCE_CHARS] or None) if exc else None,
         location=log.location(header) if exc else None,
         rank=log.rank_near(f.index),
-        remedy_override=override if override is not cause.remedy else None,
+        remedy_override=override if (override is not cause.remedy or not certain) else None,
+        min_fraction=float(m.group(1)) if m else None,
+        certain=certain,
+        phase_source=source,
+        runner_up=runner_up if runner_up is not cause else None,
     )
+
+
+_MEMORY_CAUSES = frozenset({*_PHASE_DEPENDENT, Cause.HOST_OOM})
 
 
 def _other(log: _Log, given: Phase | None, exit_status: ExitStatus | None) -> Diagnosis:
@@ -773,25 +1265,40 @@ def _other(log: _Log, given: Phase | None, exit_status: ExitStatus | None) -> Di
         usage = log.find_lines(("usage:",), start, last=1)
         if usage:
             cause = Cause.CONFIG_ERROR
-            return Diagnosis(cause, given or Phase.STARTING, _evidence(log, usage[:1]), log.lineno(usage[0]))
+            return Diagnosis(
+                cause, given or Phase.STARTING, _evidence(log, usage[:1]), log.lineno(usage[0]),
+                phase_source="daemon" if given else "evidence: argparse exits before start-up",
+            )
+    killed = exit_status is not None and exit_status.signal == 9
+    sigkill = ("main process killed by SIGKILL, no OOM-killer record",) if killed else ()
     for i in range(start, log.count):
         exc = log.exception(i)
         if exc is None or log.is_code(i) or any(g in log.low(i) for g in _GENERIC):
             continue
         _, end = log.logical(i)
-        phase, _ = _phase_at(log, log.report_lines(i, end), i, given)
+        phase, _, source = _phase_at(log, log.report_lines(i, end), i, given)
         return Diagnosis(
             cause=cause,
             phase=phase or Phase.STARTING,
-            evidence=_evidence(log, list(range(i, end + 1))),
+            evidence=(*_evidence(log, list(range(i, end + 1))), *sigkill),
             evidence_lineno=log.lineno(i),
             exc_type=exc[0],
             exc_message=exc[1][:MAX_EVIDENCE_CHARS] or None,
             location=log.location(i),
             rank=log.rank_near(i),
+            certain=False,
+            phase_source=source if phase else "unknown (assumed starting)",
+            runner_up=Cause.HOST_OOM if killed else None,
         )
-    phase, _ = _phase_at(log, log.report_lines(log.count - 1, log.count - 1), log.count - 1, given)
-    return Diagnosis(cause=cause, phase=phase or Phase.STARTING)
+    phase, _, source = _phase_at(log, log.report_lines(log.count - 1, log.count - 1), log.count - 1, given)
+    return Diagnosis(
+        cause=cause,
+        phase=phase or Phase.STARTING,
+        evidence=sigkill,
+        certain=False,
+        phase_source=source if phase else "unknown (assumed starting)",
+        runner_up=Cause.HOST_OOM if killed else None,
+    )
 
 
 _KERNEL_KILL = re.compile(r"Kill(?:ed)? process (\d{1,10})|oom-kill:[^\n]{0,400}?\bpid=(\d{1,10})", re.IGNORECASE)
@@ -812,19 +1319,47 @@ def kernel_oom_line(kernel_log: str | None, pids: Collection[int]) -> str | None
     return None
 
 
+_OOM_KILL_LINE = re.compile(r"^oom_kill (\d{1,18})\s*$", re.MULTILINE)
+
+
+def read_oom_kill_count(memory_events_text: str) -> int | None:
+    """The ``oom_kill`` count of a cgroup v2 ``memory.events`` file's text, or None.
+
+    ``memory.events`` holds ``low``, ``high``, ``max``, ``oom``, ``oom_kill`` and
+    ``oom_group_kill`` lines of ``name count``; ``oom_kill`` counts the processes the
+    kernel's OOM killer killed in the cgroup. None when the text has no such line.
+    """
+    if not isinstance(memory_events_text, str):
+        return None
+    m = _OOM_KILL_LINE.search(memory_events_text)
+    return int(m.group(1)) if m else None
+
+
 def _diagnose(
     tail: bytes | str,
     exit_status: ExitStatus | None,
     phase: Phase | None,
     kernel_log: str | None,
     pids: Collection[int],
+    oom_kill_delta: int | None,
 ) -> Diagnosis:
     log = _Log(tail_text(tail))
-    finding = _find(log)
-    diagnosis = _from_finding(log, finding, phase) if finding else _other(log, phase, exit_status)
-    killed = kernel_oom_line(kernel_log, pids)
-    if killed and diagnosis.cause in _CONSEQUENTIAL:
-        return Diagnosis(cause=Cause.HOST_OOM, phase=diagnosis.phase, evidence=(killed,), rank=diagnosis.rank)
+    finding, other = _find(log)
+    diagnosis = _from_finding(log, finding, other, phase) if finding else _other(log, phase, exit_status)
+    record = kernel_oom_line(kernel_log, pids)
+    if record is None and oom_kill_delta is not None and oom_kill_delta > 0:
+        record = f"cgroup memory.events: oom_kill +{oom_kill_delta} while the server ran"
+    if record and diagnosis.cause in _CONSEQUENTIAL:
+        return replace(
+            diagnosis,
+            cause=Cause.HOST_OOM,
+            evidence=(record, *(e for e in diagnosis.evidence if "no OOM-killer record" not in e)),
+            evidence_lineno=diagnosis.evidence_lineno if diagnosis.evidence else None,
+            remedy_override=None,
+            certain=True,
+            runner_up=diagnosis.cause if diagnosis.cause is not Cause.OTHER else None,
+            min_fraction=None,
+        )
     return diagnosis
 
 
@@ -835,22 +1370,27 @@ def diagnose(
     phase: Phase | None = Phase.STARTING,
     kernel_log: str | None = None,
     pids: Collection[int] = (),
+    oom_kill_delta: int | None = None,
 ) -> Diagnosis:
     """Why the server died, from the tail of its output.
 
     ``phase`` is what the daemon saw (SERVING once /health answered 200); ``None`` means
     unknown (``explain`` on a file) and lets the log alone decide. ``kernel_log`` is kernel
     messages text; its OOM-killer lines count only for pids in ``pids`` (the server's tree).
+    ``oom_kill_delta`` is how many ``oom_kill`` events the service cgroup's ``memory.events``
+    counted while this server ran (None: unknown); a positive one is an OOM-killer record.
     ``evidence_lineno`` is 1-based within the tail that was read. Never raises.
     """
     try:
-        return _diagnose(tail, exit_status, phase, kernel_log, pids)
+        return _diagnose(tail, exit_status, phase, kernel_log, pids, oom_kill_delta)
     except Exception as exc:  # the daemon needs an answer whatever the bytes say
         return Diagnosis(
             cause=Cause.OTHER,
             phase=phase if isinstance(phase, Phase) else Phase.STARTING,
             exc_type=INTERNAL_ERROR_TYPE,
             exc_message=f"{type(exc).__name__}: {exc}"[:MAX_EVIDENCE_CHARS],
+            certain=False,
+            phase_source="daemon" if isinstance(phase, Phase) else "unknown",
         )
 
 

@@ -18,6 +18,7 @@ from supervisor.diagnosis import (
     describe_action,
     diagnose,
     kernel_oom_line,
+    read_oom_kill_count,
     tail_text,
 )
 from supervisor.model import LOG_CAUSES, Cause, Diagnosis, ExitStatus, Phase, Remedy
@@ -203,13 +204,58 @@ def test_kernel_oom_does_not_override_a_specific_log_cause() -> None:
 @pytest.mark.parametrize(
     "line",
     [
-        "[2026-03-01 12:00:00] Rank 0 scheduler died during initialization (exit code: -9). If you see this, it may be an OOM.",
-        "[2026-03-01 12:00:00] Subprocess scheduler_TP3 (pid=1234) crashed with exit code -9. Triggering SIGQUIT for cleanup...",
+        "[2026-03-01 12:00:00] Rank 0 scheduler died during initialization (exit code: -9). "
+        "If exit code is -9 (SIGKILL), a common cause is the OS OOM killer. Run `dmesg -T | grep -i oom` to check.",
+        "[2026-03-01 12:00:00] Subprocess scheduler_0 (pid=1234) crashed with exit code -9. Triggering SIGQUIT for cleanup...",
     ],
 )
-def test_scheduler_killed_by_sigkill_points_at_host_memory(line: str) -> None:
-    """0.5.23's 'exit code -9' for a scheduler is the kernel OOM killer's signature."""
-    assert diagnose(line + "\nKilled\n").cause is Cause.HOST_OOM
+def test_scheduler_killed_by_sigkill_without_a_record_is_other(line: str) -> None:
+    """A SIGKILL with no OOM-killer record is 'other' (a person or a scheduler may have sent
+    it); SGLang's 'a common cause is the OS OOM killer' is a hint, not evidence."""
+    d = diagnose(line + "\nKilled\n", exit_status=ExitStatus(signal=9))
+    assert d.cause is Cause.OTHER
+    assert d.remedy is Remedy.RESTART
+    assert d.runner_up is Cause.HOST_OOM
+    assert not d.certain
+    assert "killed by SIGKILL, no OOM-killer record" in d.evidence[-1]
+
+
+@pytest.mark.parametrize("delta", [1, 3])
+def test_cgroup_oom_kill_count_makes_a_sigkill_host_oom(delta: int) -> None:
+    """A positive oom_kill delta in the service cgroup's memory.events is an OOM-killer record."""
+    line = "[2026-03-01 12:00:00] Subprocess scheduler_0 (pid=1234) crashed with exit code -9. Triggering SIGQUIT for cleanup...\n"
+    d = diagnose(line, exit_status=ExitStatus(signal=9), oom_kill_delta=delta)
+    assert (d.cause, d.remedy, d.certain) == (Cause.HOST_OOM, Remedy.HICACHE_DOWN, True)
+    assert d.evidence[0] == f"cgroup memory.events: oom_kill +{delta} while the server ran"
+
+
+@pytest.mark.parametrize("delta", [0, None])
+def test_no_oom_kill_count_leaves_a_sigkill_other(delta: int | None) -> None:
+    """A zero or unknown oom_kill delta is no record: the SIGKILL stays 'other'."""
+    d = diagnose("Killed\n", exit_status=ExitStatus(signal=9), oom_kill_delta=delta)
+    assert d.cause is Cause.OTHER
+    assert d.evidence == ("main process killed by SIGKILL, no OOM-killer record",)
+
+
+def test_oom_kill_count_does_not_override_a_named_cause() -> None:
+    """An OOM kill elsewhere in the cgroup does not turn a bad flag into host OOM."""
+    d = diagnose("launch_server.py: error: unrecognized arguments: --tp 8\n", oom_kill_delta=1)
+    assert d.cause is Cause.CONFIG_ERROR
+
+
+@pytest.mark.parametrize(
+    ("text", "count"),
+    [
+        ("low 0\nhigh 0\nmax 12\noom 2\noom_kill 2\noom_group_kill 0\n", 2),
+        ("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n", 0),
+        ("low 0\nhigh 0\n", None),
+        ("", None),
+        ("oom_group_kill 4\n", None),
+    ],
+)
+def test_read_oom_kill_count_parses_memory_events(text: str, count: int | None) -> None:
+    """read_oom_kill_count reads the oom_kill line only (not oom or oom_group_kill)."""
+    assert read_oom_kill_count(text) == count
 
 
 def test_kills_after_sglang_sigquit_are_its_own_cleanup() -> None:
@@ -232,7 +278,8 @@ def test_generic_lines_alone_carry_no_cause() -> None:
     ])
     d = diagnose(log, exit_status=ExitStatus(signal=9))
     assert d.cause is Cause.OTHER
-    assert d.evidence == ()
+    assert d.evidence == ("main process killed by SIGKILL, no OOM-killer record",)
+    assert diagnose(log).evidence == ()
 
 
 def test_first_specific_error_wins_over_later_consequences() -> None:
@@ -409,6 +456,10 @@ def test_simulator_deaths_are_read_right(
         "--port", str(free_port()), "--tp-size", "2", "--sim-version", version, "--sim-fail", mode,
         "--sim-load-s", "0.2", "--sim-fail-after-s", "0.3",
     ]
+    events = tmp_path / "memory.events"
+    events.write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n")
+    argv += ["--sim-memory-events", str(events)]
+    before = read_oom_kill_count(events.read_text())
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=90)
@@ -416,8 +467,13 @@ def test_simulator_deaths_are_read_right(
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         pytest.fail(f"simulator --sim-fail {mode} did not die within 90 s")
-    d = diagnose(out, exit_status=ExitStatus.from_returncode(proc.returncode), phase=phase)
+    after = read_oom_kill_count(events.read_text())
+    delta = after - before if after is not None and before is not None else None
+    d = diagnose(out, exit_status=ExitStatus.from_returncode(proc.returncode), phase=phase, oom_kill_delta=delta)
     assert d.cause is cause, out.decode(errors="replace")[-3000:]
+    if mode == "host_oom":  # the same death without the cgroup's record is a bare SIGKILL
+        bare = diagnose(out, exit_status=ExitStatus.from_returncode(proc.returncode), phase=phase)
+        assert (bare.cause, bare.runner_up) == (Cause.OTHER, Cause.HOST_OOM)
     if location:
         assert d.location == location
     assert d.rank and d.rank.startswith("TP")
