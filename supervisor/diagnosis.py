@@ -146,6 +146,9 @@ class _Rule:
     origin: str = "sglang"
     origins: tuple[tuple[str, str], ...] = ()  # (needle, origin) where it differs
     cites: tuple[tuple[str, str], ...] = ()  # (needle, "file:line" or a literal of the source)
+    # For an "sglang" needle that SGLang's source builds from pieces (an f-string), the
+    # literal pieces to find there instead of the needle itself.
+    source_text: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def origin_of(self, needle: str) -> str:
         return next((o for n, o in self.origins if n == needle), self.origin)
@@ -615,12 +618,14 @@ RULES: tuple[_Rule, ...] = (
         ("(self.watchdog_timeout=", "scheduler watchdog timeout", "scheduler debug info:"),
         usual_phase=Phase.SERVING,  # it fires only with a batch in flight
         phase_in_text=True,
-        origins=(("(self.watchdog_timeout=", "sglang-legacy"), ("scheduler watchdog timeout", "sglang-legacy"),
-                 ("scheduler debug info:", "sglang-legacy")),
-        cites=(("(self.watchdog_timeout=", "sglang 0.4-0.5.6 scheduler.py watchdog_thread: "
-                "f'Watchdog timeout ({self.watchdog_timeout=})'"),
-               ("scheduler watchdog timeout", "sglang 0.5.x utils/watchdog.py: 'Scheduler watchdog timeout'"),
-               ("scheduler debug info:", "sglang 0.5.x utils/watchdog.py: 'Scheduler debug info:'")),
+        source_text=(
+            ("(self.watchdog_timeout=", ("({self.watchdog_timeout=}",)),
+            ("scheduler watchdog timeout", ('f"{self.debug_name} watchdog timeout "', 'debug_name="Scheduler"')),
+            ("scheduler debug info:", ('f"{self.debug_name} debug info:', 'debug_name="Scheduler"')),
+        ),
+        cites=(("(self.watchdog_timeout=", "sglang 0.5.23 srt/utils/watchdog.py:154-155"),
+               ("scheduler watchdog timeout", "sglang 0.5.23 srt/utils/watchdog.py:154"),
+               ("scheduler debug info:", "sglang 0.5.23 srt/utils/watchdog.py:150")),
     ),
     # -- the model cannot be loaded
     _Rule(

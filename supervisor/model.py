@@ -52,6 +52,7 @@ class Cause(enum.StrEnum):
     GPU_MEMORY_STUCK = ("gpu_memory_stuck", Remedy.GIVE_UP, "GPU memory that never freed")
     STARTUP_TIMEOUT = ("startup_timeout", Remedy.RESTART, "a startup that took too long")
     PREFLIGHT_FAILED = ("preflight_failed", Remedy.RESTART, "a failed preflight check")
+    OPERATOR_RESTART = ("operator_restart", Remedy.RESTART, "a restart an operator asked for")
 
     @property
     def restartable(self) -> bool:
@@ -179,6 +180,13 @@ class RankFacts:
     avail_mem_after_capture_gb: float | None = None
     max_total_num_tokens: int | None = None
     host_kv_pool_gb: float | None = None
+    # Speculative decoding: the draft model's own "Load weight end", "KV Cache is allocated"
+    # and "Memory pool end" lines, which come after the target model's on the same rank.
+    draft_avail_mem_after_weights_gb: float | None = None
+    draft_weights_gb: float | None = None
+    draft_kv_cache_tokens: int | None = None
+    draft_kv_cache_gb: float | None = None
+    draft_avail_mem_after_pool_gb: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,9 +19,15 @@ Formats handled (see ``sglang-facts.md``), 0.5.6 and 0.5.23:
 - progress: weights loading, KV pool, CUDA-graph capture (tqdm bars included), warmup, and
   ``The server is fired up and ready to roll!``.
 
+- speculative decoding: a rank's second ``Load weight end`` (after its KV pool), and the
+  ``KV Cache is allocated`` / ``Memory pool end`` after it, are the draft model's
+  (``draft_*`` fields); the target's stay as they were.
+- ``server_args=ServerArgs(... mem_fraction_static=X ...)``: the fraction SGLang chose.
+
 Values are taken only from the line that states them; nothing is guessed. A rank is the
-``TPn`` / ``DPn TPn`` part of the line's ``[YYYY-mm-dd HH:MM:SS ...]`` prefix; lines without
-one go under ``"main"``.
+``DPn PPn ATTN_CPn MOE_DPn TPn EPn`` part (any of them) of the line's
+``[YYYY-mm-dd HH:MM:SS ...]`` prefix; lines without one go under ``"main"``.
+``SOURCE_PATTERNS`` says where each line's text comes from.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ _GB = r"\s?(GB|GiB|MB|MiB)\b"
 
 # Rank prefixes. SGLang: "[2025-08-02 19:24:30 TP3] " or "[... DP1 TP3 EP3] " (ms optional).
 _SGLANG_PREFIX = re.compile(
-    r"\[\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d{1,6})?((?: [A-Z]{2,4}\d{1,5}){1,6})\]"
+    r"\[\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d{1,6})?((?: [A-Z]{2,4}(?:_[A-Z]{2,4})?\d{1,5}){1,8})\]"
 )
 # vLLM worker names: "(Worker_TP7_DCP1_EP7 pid=641)".
 _VLLM_WORKER = re.compile(r"\(Worker((?:_[A-Za-z]{1,8}\d{1,5}){1,6}) pid=\d{1,10}\)")
@@ -59,7 +65,8 @@ _VLLM_RANK_TOKEN = re.compile(r"^(?:DP|TP|PP|EP)\d{1,5}$")
 # torch.distributed: "[rank6]:".
 _TORCH_RANK = re.compile(r"\[rank(\d{1,5})\]:")
 # SGLang's process names in its own messages: "Subprocess scheduler_DP1_TP3 (pid=1) crashed".
-_PROCESS_NAME = re.compile(r"\bscheduler_((?:(?:DP|TP|PP|EP)\d{1,5}_?){1,4})")
+_PROCESS_NAME = re.compile(r"\bscheduler_((?:(?:DP|TP|PP|EP|ATTN_CP|MOE_DP)\d{1,5}_?){1,6})")
+_RANK_TOKEN = re.compile(r"(?:ATTN_CP|MOE_DP|DP|TP|PP|EP)\d{1,5}")
 
 
 def line_rank(line: str, end: int | None = None) -> str | None:
@@ -87,7 +94,7 @@ def line_rank(line: str, end: int | None = None) -> str | None:
         return f"rank{m.group(1)}"
     m = _PROCESS_NAME.search(text)
     if m:
-        return " ".join(t for t in m.group(1).split("_") if t)
+        return " ".join(_RANK_TOKEN.findall(m.group(1)))
     return None
 
 
@@ -103,12 +110,37 @@ _K_SIZE = re.compile(r"\bK size: ?" + _NUM + _GB)
 _V_SIZE = re.compile(r"\bV size: ?" + _NUM + _GB)
 _KV_SIZE = re.compile(r"\bKV size: ?" + _NUM + _GB)
 _MAX_TOTAL = re.compile(r"\bmax_total_num_tokens=([0-9]{1,15})")
+_MEM_FRACTION = re.compile(r"\bmem_fraction_static=([0-9]{1,3}(?:\.[0-9]{1,12})?)\b")
 _CAPTURE_END = re.compile(r"Capture [A-Za-z ]{0,60}?graph end", re.IGNORECASE)
 # "Allocating 40.00 GB host memory for hierarchical KV cache."
 _HOST_POOL_OLD = re.compile(r"Allocating " + _NUM + _GB + r" host memory for hierarchical")
 # "Allocating MHA hierarchical KV host pool: 1000 tokens, 40.00 GB host memory."
 _HOST_POOL_NEW = re.compile(
     r"Allocating ([\w.-]{0,40}) ?hierarchical KV host pool:[^\n]{0,80}?" + _NUM + _GB + r" host memory"
+)
+
+# Where the text each fact or progress line is read from comes from: (what the parser looks
+# for, its origin, literal pieces of it that occur in that origin's source). The source
+# contract test checks every "sglang" one against the installed SGLang.
+SOURCE_PATTERNS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("Load weight begin", "sglang", ("Load weight begin. avail mem=",)),
+    ("Load weight end ... avail mem= ... mem usage=", "sglang", ('f"Load weight end. "', "avail mem=", "mem usage=")),
+    ("KV Cache is allocated ... #tokens: N, K size / V size / KV size", "sglang",
+     ('"KV Cache"', "'is allocated'", "#tokens: {num_tokens}, K size: ", "V size: ", "KV size: ")),
+    ("Memory pool end. avail mem=", "sglang", ("Memory pool end. ",)),
+    ("Capture ... graph end ... avail mem=", "sglang", ("CUDA graph end. ", "avail mem={after_mem")),
+    ("Capturing batches", "sglang", ("Capturing batches",)),
+    ("max_total_num_tokens=", "sglang", ('f"max_total_num_tokens={self.max_total_num_tokens}, "',)),
+    ("Allocating <name> hierarchical KV host pool: N tokens, X GB host memory", "sglang",
+     ("hierarchical KV host pool: ",)),
+    ("Allocating X GB host memory for hierarchical KV cache", "sglang-legacy", ()),
+    ("The server is fired up and ready to roll!", "sglang", ("The server is fired up and ready to roll!",)),
+    ("server_args=ServerArgs(... mem_fraction_static=X ...)", "sglang", ('f"server_args=', "mem_fraction_static: ")),
+    ("rank prefix [date time DPn PPn ATTN_CPn MOE_DPn TPn EPn]", "sglang",
+     ('f" DP{', 'f" PP{', 'f" ATTN_CP{', 'f" MOE_DP{', 'f" TP{', 'f" EP{')),
+    ("Subprocess scheduler_N (pid=P) crashed", "sglang", ('f"Subprocess {name} (pid={proc.pid}) crashed "',)),
+    ("Uvicorn running", "uvicorn", ()),
+    ("Loading safetensors checkpoint shards", "sglang", ("Loading safetensors checkpoint shards",)),
 )
 
 # Lines that move the progress (a line may hold several: the furthest wins).
@@ -128,7 +160,7 @@ _PROGRESS_MARKERS: tuple[tuple[str, str], ...] = (
 # Cheap pre-check: every fact or progress line contains one of these.
 _PRECHECK = (
     "GB", "MB", "apture", "Capturing", "ready to roll", "shards", "armup", "Load weight", "Uvicorn running",
-    "max_total_num_tokens",
+    "max_total_num_tokens", "mem_fraction_static=",
 )
 
 
@@ -140,6 +172,12 @@ def _could_matter(line: str) -> bool:
 class _RankState:
     facts: RankFacts
     host_pools: dict[str, float] = field(default_factory=dict)
+    seen: dict[str, int] = field(default_factory=dict)  # stage line -> times this rank printed it
+
+
+# Stage lines a speculative-decoding server prints twice per rank ("Load weight end", "KV
+# Cache is allocated", "Memory pool end"): the target model's first, then the draft
+# model's. The second one's facts go to the ``draft_*`` fields (see ``_second``).
 
 
 class StartupFactsParser:
@@ -149,6 +187,7 @@ class StartupFactsParser:
         self._ranks: dict[str, _RankState] = {}
         self._progress = "unknown"
         self._ready = False
+        self._mem_fraction: float | None = None
         self._cached: StartupFacts | None = StartupFacts()
 
     @property
@@ -159,6 +198,7 @@ class StartupFactsParser:
                 ranks={key: state.facts for key, state in self._ranks.items()},
                 progress=self._progress,
                 ready=self._ready,
+                mem_fraction_static=self._mem_fraction,
             )
         return self._cached
 
@@ -183,14 +223,24 @@ class StartupFactsParser:
             changed = True
         if (pos := line.find("Load weight end")) >= 0:
             avail, usage = _search_gb(_AVAIL_MEM, line, pos), _search_gb(_MEM_USAGE, line, pos)
-            changed = self._set(line, pos, "avail_mem_after_weights_gb", avail) or changed
-            changed = self._set(line, pos, "weights_gb", usage) or changed
+            draft = self._second(line, pos, "Load weight end")
+            changed = self._set(line, pos, draft + "avail_mem_after_weights_gb", avail) or changed
+            changed = self._set(line, pos, draft + "weights_gb", usage) or changed
         if (pos := line.find("KV Cache is allocated")) >= 0:
             m = _KV_TOKENS.search(line, pos)
-            changed = self._set(line, pos, "kv_cache_tokens", int(m.group(1)) if m else None) or changed
-            changed = self._set(line, pos, "kv_cache_gb", _kv_size(line, pos)) or changed
+            draft = self._second(line, pos, "KV Cache is allocated")
+            changed = self._set(line, pos, draft + "kv_cache_tokens", int(m.group(1)) if m else None) or changed
+            changed = self._set(line, pos, draft + "kv_cache_gb", _kv_size(line, pos)) or changed
         if (pos := line.find("Memory pool end")) >= 0:
-            changed = self._set(line, pos, "avail_mem_after_pool_gb", _search_gb(_AVAIL_MEM, line, pos)) or changed
+            draft = self._second(line, pos, "Memory pool end")
+            value = _search_gb(_AVAIL_MEM, line, pos)
+            changed = self._set(line, pos, draft + "avail_mem_after_pool_gb", value) or changed
+        if "mem_fraction_static=" in line and "ServerArgs(" in line and (m := _MEM_FRACTION.search(line)):
+            value = float(m.group(1))
+            if value != self._mem_fraction:
+                self._mem_fraction = value
+                self._cached = None
+                changed = True
         if "apture" in line and (end := _CAPTURE_END.search(line)):
             value = _search_gb(_AVAIL_MEM, line, end.start())
             changed = self._set(line, end.start(), "avail_mem_after_capture_gb", value) or changed
@@ -215,6 +265,24 @@ class StartupFactsParser:
             return False
         state.host_pools[name] = value
         return self._replace(state, host_kv_pool_gb=round(sum(state.host_pools.values()), 6))
+
+    def _second(self, line: str, pos: int, stage: str) -> str:
+        """"draft_" when the line is the draft model's, else "".
+
+        A rank's second ``Load weight end`` after its KV pool was set up starts the draft
+        model; its ``KV Cache is allocated`` and ``Memory pool end`` after that are the
+        draft's too. A line merely repeated is not a draft's.
+        """
+        state = self._state(line_rank(line, pos) or MAIN_RANK)
+        before = state.seen.get(stage, 0)
+        state.seen[stage] = before + 1
+        if stage == "Load weight end":
+            pool_done = state.seen.get("KV Cache is allocated", 0) + state.seen.get("Memory pool end", 0) > 0
+            drafting = before >= 1 and pool_done
+            if drafting:
+                state.seen["draft"] = 1
+            return "draft_" if drafting else ""
+        return "draft_" if before >= 1 and state.seen.get("draft") else ""
 
     def _advance(self, progress: str) -> bool:
         if _PROGRESS_RANK[progress] <= _PROGRESS_RANK[self._progress]:
