@@ -59,6 +59,8 @@ SEVERITY: dict[str, str] = {
     "gave_up": "critical",
     "headroom_low": "warning",
     "gpu_memory_stuck": "critical",
+    "down": "warning",
+    "port_in_use": "warning",
     DRILL: "info",
 }
 TRUNCATION_MARKER = "\n... [truncated {n} chars]"
@@ -201,7 +203,8 @@ def describe(kind: str, fields: Mapping[str, Any], *, host: str, instance: str, 
     who = f"sglang {instance} on {host}"
     f = fields.get
     if kind == "crash":
-        sentence = f"{who} died of {_died_of(f('cause'), f('phase'))} at {_fraction(f('mem_fraction_static'))}; "
+        unsure = " (probably; the log is not conclusive)" if f("certain") is False else ""
+        sentence = f"{who} died of {_died_of(f('cause'), f('phase'))}{unsure} at {_fraction(f('mem_fraction_static'))}; "
         if f("next_retry_s") is None:
             return sentence + "not restarting; needs a human"
         sentence += f"restarting at {_fraction(f('next_mem_fraction_static', f('mem_fraction_static')))}"
@@ -231,6 +234,15 @@ def describe(kind: str, fields: Mapping[str, Any], *, host: str, instance: str, 
         )
         return (f"GPU memory on {host} was still in use {_seconds(f('timeout_s'))} after sglang {instance} "
                 f"stopped ({gpus or 'no details'}); kill what holds it or reset the GPU")
+    if kind == "down":
+        part = f("title") if f("title") not in (None, "main") else "its main process"
+        return (f"{who} is down: {part} (pid {f('pid')}) died while {f('phase') or 'running'}; "
+                "reading its log, the cause and the restart follow")
+    if kind == "port_in_use":
+        holders = ", ".join(f"pid {h.get('pid')} {h.get('name') or '?'}" for h in (f("holders") or [])
+                            if isinstance(h, Mapping))
+        return (f"{who} cannot start: port {f('port')} is held by a process it did not start "
+                f"({holders or 'unknown'}); it is left alone, retrying - stop it or change the port")
     if kind == DRILL:
         return f"Drill from {who}: the alert path works; no action needed"
     return f"{who}: {kind}"

@@ -2,15 +2,21 @@
 
 After a crash SGLang's schedulers can outlive their parent (reparented to PID 1) and keep
 ~100 GB per GPU. Before every launch the daemon finds them (``find_stale``) and kills them
-(``kill_stale``). A process is *ours* when it is in the process group we recorded for the
-last server we launched, or when it looks like an SGLang server part (``sglang::scheduler*``,
-``sglang::detokenizer``, ``sglang::data_parallel_controller``, an ``sglang.launch_server``
-or ``sglang serve`` command line) or our simulator (``-m supervisor.simulator``) **and**
-holds one of our GPUs or listens on our port. Title matches alone are not enough: another
-team's SGLang on other GPUs of the same host must survive our restart.
+(``kill_stale``). A process is *ours* only when it is provably so:
 
-Anything else holding our GPUs is *foreign*: reported, and killed only when asked
-(``[gpu] kill_foreign``). A pid the GPU reports that does not exist in our ``/proc`` (a
+- it carries our mark in its environment (``SGLANG_SUPERVISOR_INSTANCE`` = this daemon's
+  instance id, set on every server we launch and inherited by all its processes; readable
+  in ``/proc/PID/environ`` by our user). SGLang's parts set their title with setproctitle,
+  which zeroes that area, so for them the mark is not readable and the next rules count;
+- it is in the session or process group we recorded for the last server we launched (we
+  start it with setsid: its parts stay in that session unless they leave it on purpose)
+  and was created after that launch (the id could have been reused since); or
+- it is one of the processes we recorded in that server's tree, same pid and same create
+  time.
+
+Looking like SGLang proves nothing: another user's SGLang on the same host, even on our
+port or our GPUs, is *foreign*. Foreign holders of our GPUs and foreign listeners on our
+port are reported, and killed only when asked (``[gpu] kill_foreign``). A pid the GPU reports that does not exist in our ``/proc`` (a
 process in another container's pid namespace) is foreign and never signalled. Our own
 process and its ancestors are never touched.
 
@@ -21,8 +27,10 @@ process and its ancestors are never touched.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import signal
+import socket
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
@@ -30,6 +38,9 @@ import psutil
 
 SGLANG_TITLES = ("sglang::scheduler", "sglang::detokenizer", "sglang::data_parallel_controller")
 SIMULATOR_MODULE = "supervisor.simulator"
+# Our mark on every server we launch: the daemon's instance id, and the launch's nonce.
+MARK_VAR = "SGLANG_SUPERVISOR_INSTANCE"
+LAUNCH_VAR = "SGLANG_SUPERVISOR_LAUNCH"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +64,8 @@ class ProcInfo:
 @dataclass(frozen=True, slots=True)
 class StaleReport:
     ours: list[ProcInfo] = field(default_factory=list)
-    foreign: list[ProcInfo] = field(default_factory=list)
+    foreign: list[ProcInfo] = field(default_factory=list)  # on our GPUs or our port, not ours
+    port_holders: list[ProcInfo] = field(default_factory=list)  # foreign listeners on our port
 
 
 def server_kind(cmdline: Sequence[str], name: str = "") -> str | None:
@@ -103,15 +115,19 @@ def find_stale(
     own_pid: int,
     port: int | None = None,
     recorded_since: float | None = None,
+    instance: str | None = None,
+    recorded_tree: Collection[tuple[int, float]] = (),
 ) -> StaleReport:
-    """Processes of an earlier server of ours, and foreign holders of our GPUs (blocking).
+    """Processes of an earlier server of ours, and foreign holders of our GPUs and port (blocking).
 
-    ``recorded_pgid``: the process group of the last server we launched (its leader's pid,
-    since we start it in a new session). ``recorded_since``: that launch's wall-clock time;
-    when given, a process in that group created before it is not ours (the pgid was
-    reused after a reboot). ``gpu_pids``: pids the probe saw on our GPUs. ``port``: the
-    server port; an SGLang-looking listener on it is ours.
+    ``instance``: our mark's value (``MARK_VAR`` in the environment). ``recorded_pgid``: the
+    process group of the last server we launched (its leader's pid, since we start it in a
+    new session). ``recorded_since``: that launch's wall-clock time; when given, a process
+    in that group created before it is not ours (the pgid was reused after a reboot).
+    ``gpu_pids``: pids the probe saw on our GPUs. ``port``: the server port.
+    ``recorded_tree``: (pid, create time) of the processes seen in that server's tree.
     """
+    tree = dict(recorded_tree)
     protected = _protected(own_pid)
     own_pgid = _pgid(own_pid)
     pgid = recorded_pgid if recorded_pgid and recorded_pgid > 1 and recorded_pgid != own_pgid else None
@@ -126,7 +142,7 @@ def find_stale(
         try:
             argv = p.info["cmdline"] or []
             info = ProcInfo(p.pid, p.info["name"] or "", " ".join(argv), p.info["create_time"])
-            reason = _why_ours(p.pid, argv, info, pgid, recorded_since, gpu | listening)
+            reason = _why_ours(p, info, pgid, recorded_since, instance, tree)
         except psutil.Error:
             continue
         if reason:
@@ -134,19 +150,42 @@ def find_stale(
             seen.add(p.pid)
 
     foreign = [_describe_foreign(pid) for pid in sorted(gpu - seen - protected)]
-    return StaleReport(ours, foreign)
+    port_holders = [_describe_foreign(pid, "port") for pid in sorted(listening - seen - protected)]
+    return StaleReport(ours, foreign, port_holders)
+
+
+def instance_id(state_dir: str) -> str:
+    """This daemon's mark value: derived from its state directory, which one daemon at a time
+    owns (the store's lock), so it survives a lost or corrupt state file and differs between
+    daemons (and users) on one host."""
+    real = os.path.realpath(os.path.expanduser(state_dir))
+    return hashlib.sha256(f"{socket.gethostname()}:{real}".encode()).hexdigest()[:20]
+
+
+def carries_mark(environ: dict[str, str], instance: str | None) -> bool:
+    """Whether an environment carries our mark (pure)."""
+    return bool(instance) and environ.get(MARK_VAR) == instance
 
 
 def _why_ours(
-    pid: int, argv: Sequence[str], info: ProcInfo, pgid: int | None, since: float | None,
-    holders: set[int],
+    p: psutil.Process, info: ProcInfo, pgid: int | None, since: float | None, instance: str | None,
+    tree: dict[int, float],
 ) -> str | None:
-    if pgid is not None and _pgid(pid) == pgid:
-        if since is None or (info.create_time or 0.0) >= since - 1.0:
+    created = info.create_time or 0.0
+    if pgid is not None and (since is None or created >= since - 1.0):
+        if _pgid(p.pid) == pgid:
             return f"process group {pgid}"
-    kind = server_kind(argv, info.name)
-    if kind and pid in holders:
-        return kind
+        if _sid(p.pid) == pgid:
+            return f"session {pgid}"
+    if p.pid in tree and abs(tree[p.pid] - created) < 1.0:
+        return "recorded in our server's tree"
+    if instance:
+        try:
+            environ = p.environ()
+        except psutil.Error:
+            return None  # not readable by us: not provably ours
+        if carries_mark(environ, instance):
+            return f"marked {MARK_VAR}={instance} launch {environ.get(LAUNCH_VAR, '?')}"
     return None
 
 
@@ -157,15 +196,25 @@ def _pgid(pid: int) -> int | None:
         return None
 
 
+def _sid(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
 def _with(info: ProcInfo, reason: str) -> ProcInfo:
     return ProcInfo(info.pid, info.name, info.cmdline, info.create_time, reason)
 
 
-def _describe_foreign(pid: int) -> ProcInfo:
+def _describe_foreign(pid: int, why: str = "gpu") -> ProcInfo:
     try:
         p = psutil.Process(pid)
         with p.oneshot():
-            return ProcInfo(pid, p.name(), " ".join(p.cmdline()), p.create_time(), "gpu")
+            argv, name = p.cmdline(), p.name()
+            kind = server_kind(argv, name)
+            reason = f"{why}: {kind}, not ours (no mark)" if kind else why
+            return ProcInfo(pid, name, " ".join(argv), p.create_time(), reason)
     except psutil.NoSuchProcess:
         return ProcInfo(pid, reason="unknown pid (another pid namespace?)")
     except psutil.Error:
@@ -179,12 +228,14 @@ async def scan_stale(
     own_pid: int,
     port: int | None = None,
     recorded_since: float | None = None,
+    instance: str | None = None,
+    recorded_tree: Collection[tuple[int, float]] = (),
 ) -> StaleReport:
     """``find_stale`` in a worker thread."""
     return await asyncio.to_thread(
         lambda: find_stale(
             recorded_pgid=recorded_pgid, gpu_pids=gpu_pids, own_pid=own_pid,
-            port=port, recorded_since=recorded_since,
+            port=port, recorded_since=recorded_since, instance=instance, recorded_tree=recorded_tree,
         )
     )
 
@@ -204,7 +255,7 @@ async def kill_stale(
     process (create time differs), or that we may not signal, is left alone: it is simply
     not in the returned list. Runs in a worker thread.
     """
-    targets = [*report.ours, *(report.foreign if kill_foreign else [])]
+    targets = [*report.ours, *((*report.foreign, *report.port_holders) if kill_foreign else ())]
     return await asyncio.to_thread(
         _terminate, targets, grace_s, kill_wait_s, _protected(own_pid or os.getpid())
     )

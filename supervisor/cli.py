@@ -3,6 +3,7 @@
     sglang-supervisor run --config F [--set S.K=V ...] [--dry-run]
     sglang-supervisor check-config --config F
     sglang-supervisor status --config F [--json]
+    sglang-supervisor restart --config F [--no-wait] [--timeout S]
     sglang-supervisor explain LOGFILE|- [--json]
     sglang-supervisor preflight --config F [--json]
     sglang-supervisor drill --config F
@@ -60,6 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(p)
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser(
+        "restart", help="a planned restart of the running daemon's server: drain, stop, relaunch with the current flags",
+        description="Ask the running daemon to drain its server (SIGTERM to SGLang's main process: in-flight "
+        "requests finish), stop it and relaunch it with the current flags, then wait until it is READY again. "
+        "Example: sglang-supervisor restart --config /etc/sglang-supervisor/kimi.toml",
+    )
+    _add_config(p, overrides=False)
+    p.add_argument("--no-wait", action="store_true", help="return once the daemon has accepted the request")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for READY (default 3600)")
+
     p = sub.add_parser("explain", help="diagnose a crash log")
     explain.add_arguments(p)
 
@@ -115,6 +126,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return asyncio.run(run_daemon_async(cfg, config_path=args.config, overrides=args.overrides))
     if cmd == "status":
         return status(cfg, as_json=args.json)
+    if cmd == "restart":
+        return restart(cfg, wait=not args.no_wait, timeout_s=args.timeout)
     if cmd == "preflight":
         from . import preflight
 
@@ -220,6 +233,46 @@ def next_argv(cfg: Config) -> tuple[str, ...]:
         with contextlib.suppress(KeyError, TypeError, ValueError):
             learned = Learned.from_dict(data["learned"]).rebased(cfg)
     return build_argv(cfg, learned.fraction, learned.hicache_size_gb)
+
+
+# --- restart ----------------------------------------------------------------------------
+
+
+def restart(cfg: Config, *, wait: bool = True, timeout_s: float = 3600.0, out: IO[str] | None = None) -> int:
+    """Ask the running daemon for a planned restart; with ``wait``, until READY again."""
+    import time
+
+    from .control import ControlError, request, socket_path
+    from .store import StateStore
+
+    out = out or sys.stdout
+    try:
+        answer = asyncio.run(request(socket_path(cfg.state.dir), {"cmd": "restart", "reason": "sglang-supervisor restart"}))
+    except ControlError as exc:
+        return _fail(f"restart: {exc} (is the daemon for {cfg.name} running?)", 1)
+    if not answer.get("ok"):
+        return _fail(f"restart: refused: {answer.get('error')}", 1)
+    before = answer.get("attempt")
+    print(f"restart accepted ({answer.get('state')}, launch {before})", file=out, flush=True)
+    if not wait:
+        return 0
+    store = StateStore(cfg.state.dir)
+    deadline = time.monotonic() + timeout_s
+    seen = None
+    while time.monotonic() < deadline:
+        data, _warning = store.load(move_aside=False)
+        state = (data or {}).get("state")
+        attempt = (data or {}).get("attempt")
+        if state != seen:
+            print(f"  {state}", file=out, flush=True)
+            seen = state
+        if state == "READY" and isinstance(attempt, int) and isinstance(before, int) and attempt > before:
+            print(f"ready again (launch {attempt})", file=out)
+            return 0
+        if state in ("GAVE_UP", "STOPPED"):
+            return _fail(f"restart: the daemon is {state}: {(data or {}).get('reason', '')}", 1)
+        time.sleep(0.2)
+    return _fail(f"restart: not READY again after {timeout_s:g} s (state {seen})", 1)
 
 
 # --- status -----------------------------------------------------------------------------

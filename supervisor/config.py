@@ -19,6 +19,13 @@ from typing import Any
 
 DEFAULT_COMMAND = ("python", "-m", "sglang.launch_server")
 DEFAULT_LADDER = (0.93, 0.88, 0.85, 0.82, 0.80)
+# What SGLang and its libraries read from the environment: tokens, NCCL and SGLang knobs,
+# the CUDA allocator and device selection, the dynamic loader. Nothing else leaks through.
+DEFAULT_PASS_ENV = (
+    "PATH", "HOME", "LANG", "LC_ALL", "TZ", "HF_HOME", "HF_HUB_OFFLINE", "HF_TOKEN",
+    "TRANSFORMERS_CACHE", "VIRTUAL_ENV", "PYTHONPATH", "LD_LIBRARY_PATH", "PYTORCH_CUDA_ALLOC_CONF",
+    "CUDA_*", "NCCL_*", "SGLANG_*",
+)
 
 
 class ConfigError(ValueError):
@@ -82,12 +89,15 @@ class ServerConfig:
     extra_args: tuple[str, ...] = field(default=(), metadata=_rule("a list of strings"))
     env: dict[str, str] = field(default_factory=dict, metadata=_rule("a table of strings"))
     # Names of variables passed through from the daemon's environment (besides `env`).
+    # Shell-style patterns (``NCCL_*``) are matched against the daemon's own variables.
     pass_env: tuple[str, ...] = field(
-        default=("PATH", "HOME", "LANG", "LC_ALL", "TZ", "CUDA_VISIBLE_DEVICES", "HF_HOME",
-                 "HF_HUB_OFFLINE", "TRANSFORMERS_CACHE", "VIRTUAL_ENV", "PYTHONPATH"),
-        metadata=_rule("a list of environment variable names"),
+        default=DEFAULT_PASS_ENV,
+        metadata=_rule("a list of environment variable names or patterns such as NCCL_*"),
     )
     cwd: str = field(default="", metadata=_rule("a directory path (empty = the state dir)"))
+    # A planned stop: SIGTERM to SGLang's main process only (it drains its requests), then the
+    # whole group is killed after this many seconds. Also the bound on SGLang's own teardown
+    # after one of its processes died (it sleeps 5 s before it kills its tree).
     stop_grace_s: float = field(
         default=60.0, metadata=_rule("a number of seconds > 0", _positive)
     )
@@ -100,7 +110,14 @@ class HealthConfig:
     # SGLang's own /health timeout is 20 s and a healthy answer takes ~1 s: stay above 20.
     timeout_s: float = field(default=30.0, metadata=_rule("seconds > 0", _positive))
     failures: int = field(default=3, metadata=_rule("an integer >= 1", lambda v: v >= 1))
-    startup_timeout_s: float = field(default=1800.0, metadata=_rule("seconds > 0", _positive))
+    # A hard cap on a start: a first boot with DeepGEMM JIT takes 10-20 min on its own.
+    startup_timeout_s: float = field(default=7200.0, metadata=_rule("seconds > 0", _positive))
+    # A start that still prints lines is making progress; this long without a new line is not.
+    startup_silence_s: float = field(default=600.0, metadata=_rule("seconds > 0", _positive))
+    # On a hang SGLang gets SIGQUIT first (it dumps its stacks into its log), this long to
+    # exit, then the group is killed. SGLang waits 60 s for CUDA coredumps unless
+    # SGLANG_CUDA_COREDUMP_BEFORE_CRASH=0.
+    hang_dump_wait_s: float = field(default=15.0, metadata=_rule("seconds >= 0", _non_negative))
     startup_poll_s: float = field(default=2.0, metadata=_rule("seconds > 0", _positive))
 
 
@@ -199,6 +216,10 @@ class LoggingConfig:
     # far more than the tracebacks of 8 ranks; the full log is on disk.
     tail_bytes: int = field(default=2 * 1024 * 1024, metadata=_rule("bytes >= 4096", lambda v: v >= 4096))
     kernel_log: str = field(default="", metadata=_rule("a file path with kernel messages (empty = none)"))
+    # The cgroup v2 ``memory.events`` whose ``oom_kill`` count tells a host OOM kill from a
+    # plain SIGKILL (readable under the hardened unit, unlike the kernel log). Empty = the
+    # daemon's own cgroup's, found through /proc/self/cgroup; "off" = never read.
+    memory_events: str = field(default="", metadata=_rule('a file path, "" (own cgroup) or "off"'))
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,14 +17,15 @@ import random
 import signal
 import socket
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from . import cleanup, gpu, machine, preflight
+from . import cleanup, control, gpu, machine, preflight
 from .config import Config, ConfigError
-from .diagnosis import diagnose
+from .diagnosis import diagnose, read_oom_kill_count
 from .events import EventSink
 from .health import HealthProber
 from .machine import (
@@ -41,15 +42,18 @@ from .machine import (
     Launched,
     LaunchFailed,
     Learned,
+    PartDied,
     Persist,
     Prepare,
     Prepared,
     PrepareFailed,
     Probe,
     ProbeResult,
+    RestartRequested,
     ServerDied,
     ServerExited,
     SetTimer,
+    StopMode,
     StopRequested,
     StopServer,
     TimerFired,
@@ -112,12 +116,18 @@ class Daemon:
         self._prepare_task: asyncio.Task[None] | None = None
         self._recorded_pgid: int | None = None
         self._recorded_since: float | None = None  # wall time of that launch (pgid reuse guard)
+        self._recorded_tree: list[tuple[int, float]] = []  # (pid, create time) seen in that tree
         self._server_since: float | None = None
         self._store_failing = False
         self._facts: StartupFactsParser | None = None
         self._prober: HealthProber | None = None
         self._gpu_monitor: gpu.GpuMonitor | None = None
         self._last_saved: dict[str, Any] | None = None
+        # Our mark on every server we launch (cleanup.MARK_VAR): what makes a process provably ours.
+        self.instance_id = cleanup.instance_id(cfg.state.dir)
+        self._launch_nonce: str | None = None
+        self._oom_kills_at_launch: int | None = None
+        self._control: control.ControlServer | None = None
 
     # -- the table of contents --------------------------------------------------------------
 
@@ -131,6 +141,7 @@ class Daemon:
             self._load_state()
             self._install_signals()
             self._start_background()
+            await self._start_control()
             self.emit("daemon_started", {"version": _version(), "config": self.cfg.name, "pid": os.getpid()})
             self.p.notifier.ready()
             self.feed(Boot())
@@ -158,6 +169,10 @@ class Daemon:
         match action:
             case Emit(event=name, fields=fields):
                 self.emit(name, fields)
+            case SetTimer(name="silence", delay_s=delay):
+                self._cancel_timer("silence")
+                loop = asyncio.get_running_loop()
+                self._timers["silence"] = loop.call_later(max(0.0, delay), self._silence_timer)
             case SetTimer(name=name, delay_s=delay):
                 self._cancel_timer(name)
                 loop = asyncio.get_running_loop()
@@ -174,10 +189,16 @@ class Daemon:
                 task = self._spawn(self._probe(), "probe")
                 self._probe_tasks.add(task)
                 task.add_done_callback(self._probe_tasks.discard)
-            case StopServer(grace_s=grace, reason=reason):
-                self._spawn(self._stop_server(grace, reason), "stop")
+            case StopServer(grace_s=grace, reason=reason, mode=mode):
+                self._spawn(self._stop_server(grace, reason, mode), "stop")
             case Exit(code=code):
                 self.exit_code = code
+
+    def _silence_timer(self) -> None:
+        """The startup-silence timer: the core is told when the server last printed a line."""
+        self._timers.pop("silence", None)
+        server = self.server
+        self.post(TimerFired("silence", last_output_at=server.last_output_at if server else None))
 
     def emit(self, name: str, fields: Mapping[str, Any]) -> None:
         data = {"host": self.p.host, "instance": self.instance, **fields}
@@ -193,8 +214,9 @@ class Daemon:
         core = self.core
         if core is None:
             return
+        fraction = "sglang" if core.learned.fraction is None else f"{core.learned.fraction:g}"
         text = (
-            f"{core.state} fraction={core.learned.fraction:g} restarts={core.learned.restarts}"
+            f"{core.state} fraction={fraction} restarts={core.learned.restarts}"
             f" last={core.last_cause or '-'}"
         )
         self.p.notifier.status(text)
@@ -214,11 +236,21 @@ class Daemon:
                 own_pid=os.getpid(),
                 port=cfg.server.port,
                 recorded_since=self._recorded_since,
+                instance=self.instance_id,
+                recorded_tree=self._recorded_tree,
             )
             for proc in report.foreign:
                 index, used = holders.get(proc.pid, (None, None))
                 self.emit("foreign_gpu_process", {**proc.to_dict(), "gpu": index, "used_bytes": used})
-            if report.ours or (report.foreign and cfg.gpu.kill_foreign):
+            if report.port_holders and not cfg.gpu.kill_foreign:
+                # Not ours (no mark, not our process group): reported, never killed.
+                self.emit("port_in_use", {"port": cfg.server.port,
+                                          "holders": [p.to_dict() for p in report.port_holders]})
+                who = ", ".join(f"pid {p.pid} {p.name or '?'}" for p in report.port_holders)
+                self.post(PrepareFailed(Cause.PORT_IN_USE, f"port {cfg.server.port} is held by {who}, not ours"))
+                return
+            foreign = report.foreign or report.port_holders
+            if report.ours or (foreign and cfg.gpu.kill_foreign):
                 killed = await cleanup.kill_stale(
                     report, grace_s=min(cfg.server.stop_grace_s, 10.0), kill_foreign=cfg.gpu.kill_foreign
                 )
@@ -227,6 +259,7 @@ class Daemon:
                     {"pids": killed, "titles": [p.name for p in report.ours], "reasons": [p.reason for p in report.ours]},
                 )
             self._recorded_pgid = None
+            self._recorded_tree = []
             if cfg.gpu.backend != "none":
                 result = await gpu.wait_until_released(
                     self.p.gpu_probe,
@@ -284,7 +317,10 @@ class Daemon:
             on_error=lambda why: self.emit("server_log_write_failed", {"error": why}),
         )
         log.write(f"=== sglang-supervisor launch {launch.attempt} at {wall_now()}: {' '.join(launch.argv)}\n".encode())
-        env = server_env(cfg.server.pass_env, cfg.server.env, self.p.environ)
+        self._launch_nonce = uuid.uuid4().hex[:16]
+        mark = {cleanup.MARK_VAR: self.instance_id, cleanup.LAUNCH_VAR: self._launch_nonce}
+        env = server_env(cfg.server.pass_env, cfg.server.env, self.p.environ, mark)
+        self._oom_kills_at_launch = await asyncio.to_thread(self._oom_kills)
         try:
             server = await ServerProcess.spawn(
                 launch.argv, env=env, cwd=cfg.server.cwd or str(state_dir), log=log,
@@ -298,6 +334,7 @@ class Daemon:
         self._server_since = time.time()  # wall clock: compared with process create times
         self._facts = StartupFactsParser()
         server.on_line = self._on_server_line
+        server.on_part_died = lambda pid, title: self.post(PartDied(pid, title))
         self.emit(
             "launch",
             {
@@ -307,6 +344,7 @@ class Daemon:
                 "attempt": launch.attempt,
                 "pid": server.pid,
                 "rung": _rung(launch.fraction, cfg),
+                "launch_id": self._launch_nonce,
             },
         )
         self.post(Launched(server.pid))
@@ -332,9 +370,12 @@ class Daemon:
         assert self.core is not None
         phase = self.core.phase
         kernel = await asyncio.to_thread(_read_tail, self.cfg.logging.kernel_log)
+        oom_after = await asyncio.to_thread(self._oom_kills)
+        before = self._oom_kills_at_launch
+        delta = None if oom_after is None or before is None else max(0, oom_after - before)
         diagnosis = await asyncio.to_thread(
             diagnose, server.tail.get(), exit_status=status, phase=phase, kernel_log=kernel,
-            pids=server.tree_pids(),
+            pids=server.tree_pids(), oom_kill_delta=delta,
         )
         await server.close()
         if self.server is server:
@@ -347,14 +388,34 @@ class Daemon:
             s = self.cfg.server
             host = "127.0.0.1" if s.host in ("0.0.0.0", "::", "") else s.host
             self._prober = HealthProber(f"http://{_host_for_url(host)}:{s.port}{self.cfg.health.path}", self.cfg.health.timeout_s)
-        if self.server is not None:
-            await asyncio.to_thread(self.server.remember_descendants)
+        server = self.server
+        if server is not None:
+            known = len(server.tree_pids())
+            parts = await asyncio.to_thread(server.scan_descendants)
+            server.watch_parts(parts)
+            if len(server.tree_pids()) != known:
+                self._persist()  # the tree's pids and create times prove them ours after a daemon crash
         outcome = await self._prober.probe()
-        self.emit("probe", {"ok": outcome.ok, "duration_s": round(outcome.duration_s, 4),
-                            "status": outcome.status, "error": None if outcome.ok else outcome.detail})
-        self.post(ProbeResult(outcome.ok, outcome.detail))
+        ok, detail = outcome.ok, outcome.detail
+        if ok and server is not None and self.core is not None and self.core.state is State.STARTING:
+            # Readiness counts only when the listener on our port is our server's: a server
+            # that fails to bind still sees its warm-up answered by whoever holds the port.
+            ok, detail = await asyncio.to_thread(self._port_is_ours, server)
+        self.emit("probe", {"ok": ok, "duration_s": round(outcome.duration_s, 4),
+                            "status": outcome.status, "error": None if ok else detail})
+        self.post(ProbeResult(ok, detail))
 
-    async def _stop_server(self, grace_s: float, reason: str) -> None:
+    def _port_is_ours(self, server: ServerProcess) -> tuple[bool, str]:
+        """(True, "") when a process of our server's tree listens on the port (blocking)."""
+        port = self.cfg.server.port
+        holders = cleanup.listeners(port)
+        tree = set(server.tree_pids())
+        if holders & tree or not holders:
+            # No listener visible at all: /proc/net is not readable here; trust the answer.
+            return True, ""
+        return False, f"port {port} answered by pid {', '.join(map(str, sorted(holders)))}, not our server"
+
+    async def _stop_server(self, grace_s: float, reason: str, mode: str = StopMode.DRAIN) -> None:
         if self._launch_task is not None and not self._launch_task.done():
             with contextlib.suppress(asyncio.CancelledError):
                 await self._launch_task
@@ -363,8 +424,9 @@ class Daemon:
             # Nothing was running (the launch failed or had not happened): report it gone.
             self.post(ServerExited(ExitStatus(code=None), _nothing_ran()))
             return
-        self.log.info("server_stopping", reason=reason, grace_s=grace_s, pid=server.pid)
-        await server.stop(grace_s)  # the watch task reports the exit
+        self.log.info("server_stopping", reason=reason, grace_s=grace_s, pid=server.pid, mode=mode)
+        first = {StopMode.DRAIN: signal.SIGTERM, StopMode.DUMP: signal.SIGQUIT}.get(mode)
+        await server.stop(0.0 if mode == StopMode.KILL else grace_s, first)  # the watch task reports the exit
 
     # -- state ------------------------------------------------------------------------------
 
@@ -382,6 +444,12 @@ class Daemon:
             self._recorded_pgid = int(pgid) if isinstance(pgid, int) else None
             since = data.get("server_since")
             self._recorded_since = float(since) if isinstance(since, int | float) else None
+            tree = data.get("server_tree")
+            if isinstance(tree, list):
+                self._recorded_tree = [
+                    (int(t[0]), float(t[1])) for t in tree
+                    if isinstance(t, list) and len(t) == 2 and all(isinstance(x, int | float) for x in t)
+                ]
         self.core = Core.initial(learned)
 
     def _persist(self) -> None:
@@ -394,6 +462,9 @@ class Daemon:
             "server_pid": self.server.pid if self.server else core.pid,
             "server_pgid": self.server.pgid if self.server else core.pid,
             "server_since": self._server_since if self.server else None,
+            "server_launch": self._launch_nonce if self.server else None,
+            "server_tree": [list(t) for t in self.server.tree()] if self.server else [],
+            "instance_id": self.instance_id,
             "daemon_pid": os.getpid(),
             "attempt": core.attempt,
             "updated": wall_now(),
@@ -424,6 +495,34 @@ class Daemon:
 
     def request_stop(self, reason: str) -> None:
         self.post(StopRequested(reason))
+
+    def request_restart(self, reason: str) -> None:
+        self.emit("restart_requested", {"reason": reason})
+        self.post(RestartRequested(reason))
+
+    async def _start_control(self) -> None:
+        """The control socket (``restart``); a daemon without one still supervises."""
+        try:
+            self._control = await control.ControlServer.start(
+                control.socket_path(self.cfg.state.dir), self._on_control
+            )
+        except control.ControlError as exc:
+            self.log.warning("control_unavailable", error=str(exc))
+
+    def _on_control(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        core = self.core
+        assert core is not None
+        if request.get("cmd") == "restart":
+            self.request_restart(str(request.get("reason") or "requested over the control socket")[:200])
+            return {"ok": True, "state": str(core.state), "attempt": core.attempt}
+        return {"ok": False, "error": f"unknown command {str(request.get('cmd'))[:40]!r}"}
+
+    def _oom_kills(self) -> int | None:
+        """The cgroup's ``oom_kill`` count now (blocking; None when unreadable or off)."""
+        path = self.cfg.logging.memory_events
+        if path == "off":
+            return None
+        return cgroup_oom_kills(path or None)
 
     def _reload(self) -> None:
         if self.p.reload is None:
@@ -473,6 +572,8 @@ class Daemon:
 
     async def _shutdown(self) -> None:
         self.p.notifier.stopping()
+        if self._control is not None:
+            await self._control.close()
         self.emit("daemon_stopping", {"reason": self.core.reason if self.core else "error"})
         for name in list(self._timers):
             self._cancel_timer(name)
@@ -532,3 +633,25 @@ def _version() -> str:
     from . import __version__
 
     return __version__
+
+
+def cgroup_oom_kills(path: str | None = None) -> int | None:
+    """``oom_kill`` of a cgroup v2 ``memory.events`` (default: this process's own cgroup's).
+
+    Under the hardened unit the kernel log is out of reach (ProtectKernelLogs=yes) but the
+    service's own cgroup files are readable, and the server runs in that cgroup: a rise of
+    this count while it ran is the OOM killer's record. None when it cannot be read."""
+    if path is None:
+        try:
+            line = next(
+                (ln for ln in Path("/proc/self/cgroup").read_text().splitlines() if ln.startswith("0::")), None
+            )
+        except OSError:
+            return None
+        if line is None:
+            return None
+        path = f"/sys/fs/cgroup{line[3:].strip()}/memory.events"
+    try:
+        return read_oom_kill_count(Path(path).read_text())
+    except OSError:
+        return None

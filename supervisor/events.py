@@ -34,6 +34,12 @@ Every event also carries ``host`` and ``instance`` (added by the daemon).
 | preflight_failed    | checks [{name, ok, detail}], permanent                                    |
 | foreign_gpu_process | pid, gpu, used_bytes, name                                                |
 | server_stopped      | reason, exit_code, signal                                                 |
+| server_down         | pid, title ("main" or sglang::...), how, phase, mem_fraction_static: the   |
+|                     | moment a process of the server's tree is seen dead (before the diagnosis) |
+| port_in_use         | port, holders [{pid, name, cmdline, reason}]: not ours, so never killed   |
+|                     | unless [gpu] kill_foreign                                                 |
+| fraction_learned    | mem_fraction_static, source (SGLang chose it; read from its server_args)  |
+| restart_requested   | reason (an operator's planned restart: drained, not counted as a crash)   |
 | config_reloaded     | ok, error                                                                 |
 | daemon_stopping     | reason                                                                    |
 | preflight_retry     | cause, detail, delay_s (a retryable preflight/GPU failure, on backoff)    |
@@ -59,6 +65,8 @@ ALERT_KINDS: dict[str, str] = {
     "gave_up": "gave_up",
     "headroom_low": "headroom_low",
     "gpu_memory_stuck": "gpu_memory_stuck",
+    "server_down": "down",  # noticed at once; the "crash" alert with its cause follows
+    "port_in_use": "port_in_use",  # a process that is not ours holds the server's port
 }
 
 # Events too frequent for the info log (they still reach metrics).

@@ -31,7 +31,7 @@ class CrashRecord:
     remedy: str
     phase: str
     exit: str  # "killed by SIGKILL", "exit code 1", "stopped by us"
-    fraction: float
+    fraction: float | None  # None: SGLang's own choice, not read from its log
     next_fraction: float | None
     evidence: str
     location: str | None
@@ -42,9 +42,11 @@ class CrashRecord:
 class Learned:
     """What survives a daemon restart: the rung, what crashed, the history."""
 
-    fraction: float
+    # None: not set by us, SGLang chooses (the flag is left out) until its server_args line
+    # says what it chose; from then on the ladder steps from that value.
+    fraction: float | None
     hicache_size_gb: int
-    base_fraction: float  # the configured fraction this was learned from
+    base_fraction: float | None  # the configured fraction this was learned from (None = SGLang's)
     base_hicache_size_gb: int
     oom_fractions: frozenset[float] = frozenset()
     history: tuple[CrashRecord, ...] = ()
@@ -52,7 +54,7 @@ class Learned:
 
     @classmethod
     def initial(cls, cfg: Config) -> Learned:
-        base = cfg.server.mem_fraction_static or cfg.policy.fraction_ladder[0]
+        base = cfg.server.mem_fraction_static
         return cls(base, cfg.server.hicache_size_gb, base, cfg.server.hicache_size_gb)
 
     def rebased(self, cfg: Config) -> Learned:
@@ -76,9 +78,9 @@ class Learned:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Learned:
         return cls(
-            fraction=float(d["fraction"]),
+            fraction=None if d["fraction"] is None else float(d["fraction"]),
             hicache_size_gb=int(d["hicache_size_gb"]),
-            base_fraction=float(d["base_fraction"]),
+            base_fraction=None if d["base_fraction"] is None else float(d["base_fraction"]),
             base_hicache_size_gb=int(d["base_hicache_size_gb"]),
             oom_fractions=frozenset(float(x) for x in d.get("oom_fractions", [])),
             history=tuple(CrashRecord(**h) for h in d.get("history", [])),
@@ -107,6 +109,7 @@ class Core:
     headroom_checked: bool = False
     facts: StartupFacts | None = None
     reason: str = ""  # why the last transition happened (status, gave-up reason)
+    part_died: str = ""  # "sglang::scheduler (pid 12)": a process of the tree that died first
 
     @classmethod
     def initial(cls, learned: Learned) -> Core:
@@ -174,7 +177,25 @@ class ServerExited:
 
 @dataclass(frozen=True, slots=True)
 class TimerFired:
-    name: str  # "probe" | "startup" | "backoff" | "stable"
+    name: str  # "probe" | "startup" | "silence" | "backoff" | "stable"
+    # For "silence": when the server last printed a line (monotonic), read as the timer fires.
+    last_output_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PartDied:
+    """A process of the server's tree (a scheduler, the detokenizer) died while its main
+    process lives: SGLang sleeps before it tears the tree down, so this is the crash."""
+
+    pid: int
+    title: str
+
+
+@dataclass(frozen=True, slots=True)
+class RestartRequested:
+    """An operator asked for a planned restart with the current flags (drained)."""
+
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +215,8 @@ class ConfigChanged:
 
 Event = (
     Boot | Prepared | PrepareFailed | Launched | LaunchFailed | ProbeResult | FactsUpdated
-    | ServerDied | ServerExited | TimerFired | GpuLost | StopRequested | ConfigChanged
+    | ServerDied | ServerExited | TimerFired | GpuLost | StopRequested | ConfigChanged | PartDied
+    | RestartRequested
 )
 
 
@@ -209,15 +231,25 @@ class Prepare:
 @dataclass(frozen=True, slots=True)
 class Launch:
     argv: tuple[str, ...]
-    fraction: float
+    fraction: float | None  # None: the flag is left out and SGLang chooses
     hicache_size_gb: int
     attempt: int
 
 
+class StopMode:
+    """How a stop begins; every mode ends with the whole group killed after ``grace_s``."""
+
+    DRAIN = "drain"  # SIGTERM to SGLang's main process only: it drains in-flight requests
+    DUMP = "dump"  # SIGQUIT to the main process: a hung server dumps its stacks, then dies
+    KILL = "kill"  # SIGKILL the group now
+    AWAIT = "await"  # the server is already dying on its own: only bound its teardown
+
+
 @dataclass(frozen=True, slots=True)
 class StopServer:
-    grace_s: float  # 0 = SIGKILL the group at once
+    grace_s: float  # how long the first step may take before the group is killed
     reason: str
+    mode: str = StopMode.DRAIN
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,8 +300,9 @@ class Ctx:
 # --- the launch command line --------------------------------------------------------------
 
 
-def build_argv(cfg: Config, fraction: float, hicache_size_gb: int) -> tuple[str, ...]:
-    """The exact argv: flags spelled as SGLang's ``launch_server`` parser knows them."""
+def build_argv(cfg: Config, fraction: float | None, hicache_size_gb: int) -> tuple[str, ...]:
+    """The exact argv: flags spelled as SGLang's ``launch_server`` parser knows them. A
+    ``fraction`` of None leaves ``--mem-fraction-static`` out: SGLang chooses it."""
     s = cfg.server
     argv = [
         *s.command,
@@ -280,7 +313,8 @@ def build_argv(cfg: Config, fraction: float, hicache_size_gb: int) -> tuple[str,
     ]
     if s.dp_size != 1:
         argv += ["--dp-size", str(s.dp_size)]
-    argv += ["--mem-fraction-static", f"{fraction:g}"]
+    if fraction is not None:
+        argv += ["--mem-fraction-static", f"{fraction:g}"]
     if hicache_size_gb > 0:
         argv += ["--enable-hierarchical-cache", "--hicache-size", str(hicache_size_gb)]
     argv += list(s.extra_args)
@@ -325,13 +359,19 @@ def _launch(core: Core, ctx: Ctx, reason: str) -> tuple[Core, list[Action]]:
         pending_detail="",
         headroom_checked=False,
         facts=None,
+        part_died="",
     )
     return new, [
         Launch(argv, fraction, hicache, attempt),
         *actions,
         SetTimer("startup", ctx.cfg.health.startup_timeout_s),
+        SetTimer("silence", min(ctx.cfg.health.startup_silence_s, ctx.cfg.health.startup_timeout_s)),
         SetTimer("probe", ctx.cfg.health.startup_poll_s),
     ]
+
+
+def _cancel_run_timers() -> list[Action]:
+    return [CancelTimer("probe"), CancelTimer("startup"), CancelTimer("silence"), CancelTimer("stable")]
 
 
 def _prepare(core: Core, reason: str) -> tuple[Core, list[Action]]:
@@ -344,9 +384,7 @@ def _give_up(core: Core, reason: str, cause: str | None) -> tuple[Core, list[Act
     # * -> GAVE_UP
     new, actions = _transition(core, State.GAVE_UP, reason, pid=None)
     return new, [
-        CancelTimer("probe"),
-        CancelTimer("startup"),
-        CancelTimer("stable"),
+        *_cancel_run_timers(),
         *actions,
         Emit(
             "gave_up",
@@ -363,6 +401,7 @@ def _after_failure(
     diagnosis: Diagnosis,
     status: ExitStatus | None,
     immediate: bool = False,
+    log_diagnosis: Diagnosis | None = None,
 ) -> tuple[Core, list[Action]]:
     """Record a crash, ask the policy, go to BACKOFF or GAVE_UP."""
     cfg = ctx.cfg
@@ -386,9 +425,10 @@ def _after_failure(
         cfg=cfg.policy,
         jitter_sample=ctx.rng.random(),
         immediate=immediate,
+        min_fraction=diagnosis.min_fraction,
     )
     oom = learned.oom_fractions
-    if diagnosis.remedy is Remedy.FRACTION_DOWN:
+    if diagnosis.remedy is Remedy.FRACTION_DOWN and learned.fraction is not None:
         oom = oom | {learned.fraction}
     exit_text = status.describe() if status else "stopped by the supervisor"
     record = CrashRecord(
@@ -441,6 +481,14 @@ def _after_failure(
             "next_hicache_size_gb": None if decision.give_up else decision.hicache_size_gb,
             "next_retry_s": None if decision.give_up else round(decision.delay_s, 3),
             "consecutive_failures": failures,
+            "certain": diagnosis.certain,
+            "phase_source": diagnosis.phase_source,
+            "runner_up": None if diagnosis.runner_up is None else str(diagnosis.runner_up),
+            "min_fraction": diagnosis.min_fraction,
+            "part_died": core.part_died or None,
+            # On a hang or a restart we asked for, what the server's own log said is kept.
+            "log_cause": None if log_diagnosis is None else str(log_diagnosis.cause),
+            "log_evidence": [] if log_diagnosis is None else list(log_diagnosis.evidence),
         },
     )
     crash_events: list[Action] = [crash_event] if counted else []
@@ -451,9 +499,7 @@ def _after_failure(
     new, actions = _transition(core, State.BACKOFF, decision.reason)
     return new, [
         *crash_events,
-        CancelTimer("probe"),
-        CancelTimer("startup"),
-        CancelTimer("stable"),
+        *_cancel_run_timers(),
         *actions,
         Emit(
             "restart_scheduled",
@@ -471,18 +517,16 @@ def _after_failure(
 
 
 def _stop_to_relaunch(
-    core: Core, ctx: Ctx, cause: Cause, detail: str, grace_s: float
+    core: Core, ctx: Ctx, cause: Cause, detail: str, grace_s: float, mode: str = StopMode.DRAIN
 ) -> tuple[Core, list[Action]]:
     # STARTING/READY -> RESTARTING
     new, actions = _transition(
         core, State.RESTARTING, f"{cause.summary}: {detail}", pending=cause, pending_detail=detail
     )
     return new, [
-        CancelTimer("probe"),
-        CancelTimer("startup"),
-        CancelTimer("stable"),
+        *_cancel_run_timers(),
         *actions,
-        StopServer(grace_s, str(cause)),
+        StopServer(grace_s, str(cause), mode),
     ]
 
 
@@ -491,6 +535,8 @@ def _check_headroom(core: Core, ctx: Ctx, facts: StartupFacts) -> tuple[Core, li
     avail = facts.avail_mem_after_capture_gb
     gpu = ctx.cfg.gpu
     if core.headroom_checked or avail is None or avail >= gpu.headroom_min_gb:
+        return core, []
+    if core.learned.fraction is None:  # SGLang's choice, and its log did not say it yet
         return core, []
     rank = min(
         (r for r in facts.ranks.values() if r.avail_mem_after_capture_gb is not None),
@@ -618,16 +664,41 @@ def step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
             failures = core.probe_failures + 1
             if failures < cfg.health.failures:
                 return replace(core, probe_failures=failures), []
-            # READY -> RESTARTING: a hung server cannot drain, so no grace
+            # READY -> RESTARTING: a hung server cannot drain; SIGQUIT makes SGLang dump its
+            # stacks into its log before the group is killed
             why = f"{failures} health probes failed in a row (last: {detail})"
-            return _stop_to_relaunch(replace(core, probe_failures=failures), ctx, Cause.HANG, why, 0.0)
+            return _stop_to_relaunch(
+                replace(core, probe_failures=failures), ctx, Cause.HANG, why,
+                cfg.health.hang_dump_wait_s, StopMode.DUMP,
+            )
 
         case FactsUpdated(facts=facts) if s in (State.STARTING, State.READY):
-            return _check_headroom(replace(core, facts=facts), ctx, facts)
+            learned_now: list[Action] = []
+            if core.learned.fraction is None and facts.mem_fraction_static is not None:
+                # SGLang chose the fraction: the ladder steps from its choice from now on
+                core = replace(core, learned=replace(core.learned, fraction=facts.mem_fraction_static))
+                learned_now = [
+                    Emit("fraction_learned", {"mem_fraction_static": facts.mem_fraction_static,
+                                              "source": "sglang server_args"}),
+                    Persist(),
+                ]
+            new, actions = _check_headroom(replace(core, facts=facts), ctx, facts)
+            return new, [*learned_now, *actions]
 
         case TimerFired(name="startup") if s is State.STARTING:
-            # STARTING -> RESTARTING
+            # STARTING -> RESTARTING: the hard cap, progress or not
             why = f"not ready after {cfg.health.startup_timeout_s:g} s"
+            return _stop_to_relaunch(core, ctx, Cause.STARTUP_TIMEOUT, why, cfg.server.stop_grace_s)
+
+        case TimerFired(name="silence", last_output_at=last) if s is State.STARTING:
+            # A start that still prints lines is making progress, however long it takes.
+            limit = cfg.health.startup_silence_s
+            since = core.launched_at if last is None else max(last, core.launched_at or last)
+            quiet = ctx.now - (ctx.now if since is None else since)
+            if quiet < limit:
+                return core, [SetTimer("silence", limit - quiet)]
+            # STARTING -> RESTARTING
+            why = f"no output for {quiet:.0f} s while starting (limit {limit:g} s)"
             return _stop_to_relaunch(core, ctx, Cause.STARTUP_TIMEOUT, why, cfg.server.stop_grace_s)
 
         case TimerFired(name="stable") if s is State.READY:
@@ -640,7 +711,22 @@ def step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
         case ServerDied(status=status) if s in (State.STARTING, State.READY):
             # STARTING/READY -> EXITED: noticed at once; the diagnosis comes next
             new, actions = _transition(core, State.EXITED, f"server {status.describe()}", pid=None)
-            return new, [CancelTimer("probe"), CancelTimer("startup"), CancelTimer("stable"), *actions]
+            down = Emit("server_down", {"pid": core.pid, "title": "main", "how": status.describe(),
+                                        "phase": str(core.phase), "mem_fraction_static": core.learned.fraction})
+            return new, [*_cancel_run_timers(), *actions, down]
+
+        case PartDied(pid=pid, title=title) if s in (State.STARTING, State.READY):
+            # STARTING/READY -> EXITED: a scheduler or the detokenizer died. SGLang's main
+            # process notices it too, sleeps, then kills its tree; that teardown runs, bounded
+            # by the stop grace period, and the diagnosis reads its log afterwards.
+            part = f"{title} (pid {pid})"
+            new, actions = _transition(core, State.EXITED, f"{part} died", part_died=part)
+            down = Emit("server_down", {"pid": pid, "title": title, "how": "process of the server died",
+                                        "phase": str(core.phase), "mem_fraction_static": core.learned.fraction})
+            return new, [
+                *_cancel_run_timers(), *actions, down,
+                StopServer(cfg.server.stop_grace_s, f"{part} died", StopMode.AWAIT),
+            ]
 
         case ServerExited(status=status, diagnosis=diagnosis) if s in (State.STARTING, State.READY, State.EXITED):
             # EXITED (or STARTING/READY) -> BACKOFF or GAVE_UP: any exit we did not ask for
@@ -654,9 +740,12 @@ def step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
                 cause=cause,
                 phase=core.phase,
                 evidence=(core.pending_detail,),
+                phase_source="daemon",
             )
             return _after_failure(
-                core, ctx, diagnosis=ours, status=None, immediate=cause is Cause.HEADROOM_LOW
+                core, ctx, diagnosis=ours, status=None,
+                immediate=cause in (Cause.HEADROOM_LOW, Cause.OPERATOR_RESTART),
+                log_diagnosis=diagnosis,
             )
 
         case ServerExited(status=status) if s is State.STOPPING:
@@ -684,9 +773,7 @@ def step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
                 # STARTING/READY/RESTARTING -> STOPPING
                 new, actions = _transition(core, State.STOPPING, reason)
                 return new, [
-                    CancelTimer("probe"),
-                    CancelTimer("startup"),
-                    CancelTimer("stable"),
+                    *_cancel_run_timers(),
                     *actions,
                     StopServer(cfg.server.stop_grace_s, reason),
                 ]
@@ -698,5 +785,15 @@ def step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
 
         case ServerExited() if s is State.GAVE_UP:
             return replace(core, pid=None), [Persist()]
+
+        case RestartRequested(reason=reason) if s in (State.STARTING, State.READY):
+            # STARTING/READY -> RESTARTING: drained, stopped, relaunched with the same flags,
+            # at once and without counting as a crash
+            return _stop_to_relaunch(core, ctx, Cause.OPERATOR_RESTART, reason, cfg.server.stop_grace_s)
+
+        case RestartRequested(reason=reason) if s is State.BACKOFF or (s is State.GAVE_UP and core.pid is None):
+            # BACKOFF/GAVE_UP -> PREPARING: an operator says try now; the crash budget starts afresh
+            new, actions = _prepare(replace(core, crash_times=(), failures=0), f"restart requested: {reason}")
+            return new, [CancelTimer("backoff"), *actions]
 
     return core, []  # an event that means nothing in this state (e.g. a late probe)

@@ -49,8 +49,10 @@ def fraction_above(
     return min(higher) if higher else None
 
 
-def rung_of(fraction: float, ladder: tuple[float, ...]) -> int:
-    """Index of the rung at or just below ``fraction`` (0 = top)."""
+def rung_of(fraction: float | None, ladder: tuple[float, ...]) -> int:
+    """Index of the rung at or just below ``fraction`` (0 = top; SGLang's choice counts as 0)."""
+    if fraction is None:
+        return 0
     for i, r in enumerate(ladder):
         if fraction >= r - 1e-9:
             return i
@@ -72,7 +74,7 @@ def decide(
     *,
     cause: Cause,
     remedy: Remedy,
-    fraction: float,
+    fraction: float | None,
     hicache_size_gb: int,
     oom_fractions: frozenset[float],
     crashes_in_window: int,
@@ -80,11 +82,15 @@ def decide(
     cfg: PolicyConfig,
     jitter_sample: float,
     immediate: bool = False,
+    min_fraction: float | None = None,
 ) -> Decision:
     """The policy's answer to one crash.
 
     ``crashes_in_window`` counts this crash too; ``failures`` is the streak length used for
     the backoff; ``immediate`` skips the delay (a preemptive step-down is no crash).
+    ``fraction`` None means SGLang chose it and its log never said what: the ladder cannot
+    step from an unknown value, so the restart keeps SGLang's choice. ``min_fraction`` is the
+    least fraction SGLang itself named: a step up goes past it.
     """
     ladder = cfg.fraction_ladder
 
@@ -97,7 +103,7 @@ def decide(
         return stop(f"{crashes_in_window} crashes within {cfg.crash_window_s:g} s (last: {cause.summary})")
 
     new_fraction, new_hicache = fraction, hicache_size_gb
-    if remedy is Remedy.FRACTION_DOWN:
+    if remedy is Remedy.FRACTION_DOWN and fraction is not None:
         lower = fraction_below(fraction, ladder)
         if lower is None:
             return stop(
@@ -105,12 +111,14 @@ def decide(
                 f"({ladder[-1]:g}); lower it further by hand or reduce the load"
             )
         new_fraction = lower
-    elif remedy is Remedy.FRACTION_UP:
-        higher = fraction_above(fraction, ladder, oom_fractions)
+    elif remedy is Remedy.FRACTION_UP and (fraction is not None or min_fraction is not None):
+        start = max(x for x in (fraction, min_fraction) if x is not None)
+        higher = fraction_above(start, ladder, oom_fractions)
         if higher is None:
+            named = f" (SGLang asks for more than {min_fraction:g})" if min_fraction is not None else ""
             return stop(
-                f"{cause.summary} at mem_fraction_static {fraction:g} and no higher rung is "
-                "left that has not run out of CUDA memory"
+                f"{cause.summary} at mem_fraction_static {_show(fraction)}{named} and no higher rung "
+                "is left that has not run out of CUDA memory"
             )
         new_fraction = higher
     elif remedy is Remedy.HICACHE_DOWN and hicache_size_gb > 0:
@@ -120,8 +128,12 @@ def decide(
     delay = 0.0 if immediate else backoff_delay(failures, cfg, jitter_sample)
     changes = []
     if new_fraction != fraction:
-        changes.append(f"mem_fraction_static {fraction:g} -> {new_fraction:g}")
+        changes.append(f"mem_fraction_static {_show(fraction)} -> {_show(new_fraction)}")
     if new_hicache != hicache_size_gb:
         changes.append(f"hicache_size_gb {hicache_size_gb} -> {new_hicache}")
     reason = f"{cause.summary}: " + (", ".join(changes) if changes else "restart unchanged")
     return Decision(False, reason, new_fraction, new_hicache, delay)
+
+
+def _show(fraction: float | None) -> str:
+    return "SGLang's choice" if fraction is None else f"{fraction:g}"

@@ -6,8 +6,14 @@
   not stall: the pipe is enlarged, each chunk goes to a size-rotated log file and to a bounded
   in-memory tail kept for the diagnosis; lines are handed to a callback only while one
   is set (startup-fact parsing), so steady serving costs one write per chunk.
-- Stopping = SIGTERM to the group, a grace period, SIGKILL to the group and to every
-  descendant seen that left it; the main process is always reaped.
+- Stopping begins at SGLang's main process only (SIGTERM: it drains its requests; SIGQUIT on
+  a hang: it dumps its stacks), waits a grace period for it to end, then SIGKILLs the group
+  and every descendant seen that left it; the main process is always reaped. A SIGTERM to
+  the whole group would kill the scheduler and detokenizer at once (they have no handler)
+  and the drain, which only the main process does, would never happen.
+- Every ``sglang::`` process of the tree (schedulers, detokenizer) is watched through a
+  pidfd, so the death of one is known in milliseconds, not after SGLang's own 5 s
+  diagnostics sleep ends with its main process.
 """
 
 from __future__ import annotations
@@ -16,8 +22,10 @@ import asyncio
 import collections
 import contextlib
 import fcntl
+import fnmatch
 import os
 import signal
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -186,6 +194,9 @@ class ServerProcess:
         self._last_small = False
         self._last_read = self._loop.time()
         self._hurry = False  # the server has exited: read everything left without pausing
+        self.last_output_at = self._loop.time()  # monotonic: when the server last printed
+        self.on_part_died: Callable[[int, str], None] | None = None
+        self._part_fds: dict[int, tuple[int, str]] = {}  # pid -> (pidfd, title) of watched parts
         self._watch_pipe()
 
     @classmethod
@@ -235,6 +246,7 @@ class ServerProcess:
         if not data:
             self._finish()
             return None
+        self.last_output_at = self._loop.time()
         self.log.write(data)
         self.tail.append(data)
         if self.on_line is not None:
@@ -325,18 +337,63 @@ class ServerProcess:
     # -- lifecycle --------------------------------------------------------------------------
 
     def remember_descendants(self) -> list[int]:
-        """Note every current descendant, so one that leaves the group is still found."""
+        """Note every current descendant, so one that leaves the group is still found, and
+        start watching each SGLang part among them. Blocking (psutil): call it in a thread
+        only through ``scan_descendants``; the pidfds are added on the loop."""
+        found = self.scan_descendants()
+        self.watch_parts(found)
+        return [self.pid, *self._known]
+
+    def scan_descendants(self) -> list[tuple[int, str]]:
+        """Note every current descendant (blocking); returns the SGLang parts, (pid, title)."""
         try:
             kids = psutil.Process(self.pid).children(recursive=True)
         except psutil.Error:
             kids = []
+        parts = []
         for k in kids:
             with contextlib.suppress(psutil.Error):
                 self._known[k.pid] = k.create_time()
-        return [self.pid, *self._known]
+                title = _part_title(k)
+                if title:
+                    parts.append((k.pid, title))
+        return parts
+
+    def watch_parts(self, parts: Sequence[tuple[int, str]]) -> None:
+        """Watch each part's pidfd (on the loop): its death calls ``on_part_died`` once."""
+        if self._proc.returncode is not None:
+            return
+        for pid, title in parts:
+            if pid in self._part_fds:
+                continue
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:
+                continue  # already gone: the main process's exit (or its log) will tell
+            self._part_fds[pid] = (fd, title)
+            self._loop.add_reader(fd, self._part_exited, pid)
+
+    def _part_exited(self, pid: int) -> None:
+        fd, title = self._part_fds.pop(pid, (None, ""))
+        if fd is None:
+            return
+        self._loop.remove_reader(fd)
+        os.close(fd)
+        if self.on_part_died is not None and self._proc.returncode is None:
+            self.on_part_died(pid, title)
+
+    def unwatch_parts(self) -> None:
+        for pid in list(self._part_fds):
+            fd, _title = self._part_fds.pop(pid)
+            self._loop.remove_reader(fd)
+            os.close(fd)
 
     def tree_pids(self) -> list[int]:
         return [self.pid, *self._known]
+
+    def tree(self) -> list[tuple[int, float]]:
+        """(pid, create time) of every descendant seen (the main process is the recorded pgid)."""
+        return list(self._known.items())
 
     async def wait(self) -> ExitStatus:
         return ExitStatus.from_returncode(await self._proc.wait())
@@ -348,6 +405,12 @@ class ServerProcess:
     def signal_group(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pgid, sig)
+
+    def signal_main(self, sig: int) -> None:
+        """Signal the main process alone (never a reaped pid: asyncio has not waited on it)."""
+        if self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                self._proc.send_signal(sig)
 
     def kill_leftovers(self) -> list[int]:
         """SIGKILL the group and every remembered descendant still alive. Returns pids hit."""
@@ -361,30 +424,80 @@ class ServerProcess:
                     hit.append(pid)
             except psutil.Error:
                 pass
-            self._known.pop(pid, None)
-        return hit
+        return hit  # _known stays: the diagnosis matches kernel OOM lines against these pids
 
-    async def stop(self, grace_s: float) -> ExitStatus:
-        """SIGTERM the group, wait ``grace_s``, then SIGKILL everything; always reaps."""
-        self.remember_descendants()
+    async def stop(self, grace_s: float, first: signal.Signals | None = signal.SIGTERM) -> ExitStatus:
+        """Send ``first`` to the main process (None: nothing, it is dying on its own), wait up
+        to ``grace_s`` for it to end, then SIGKILL the group and every descendant seen;
+        always reaps. ``grace_s`` 0 kills at once."""
+        parts = await asyncio.to_thread(self.scan_descendants)
+        self.watch_parts(parts)
         if self._proc.returncode is None and grace_s > 0:
-            self.signal_group(signal.SIGTERM)
+            if first is not None:
+                self.signal_main(first)
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._proc.wait(), grace_s)
-        self.kill_leftovers()
+                await asyncio.wait_for(asyncio.shield(self._proc.wait()), grace_s)
+        hit = self.kill_leftovers()
         status = await self.wait()
+        await asyncio.to_thread(_wait_gone, [p for p in hit if p != self.pid], 2.0)
         await self.drain_output(0.5)
         return status
 
     async def close(self) -> None:
-        """Drop the output pump (after the process is gone) and close the log."""
+        """Drop the output pump and the part watchers (after the process is gone); close the log."""
+        self.unwatch_parts()
         await self.drain_output(0.5)
         self._finish()
         self.log.close()
 
 
-def server_env(pass_env: Sequence[str], extra: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
-    """Only the variables the config names: ``pass_env`` from our environment, plus ``env``."""
+def server_env(
+    pass_env: Sequence[str], extra: Mapping[str, str], environ: Mapping[str, str],
+    mark: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Only the variables the config names: ``pass_env`` (names or shell patterns such as
+    ``NCCL_*``) from our environment, plus ``env``, plus ``mark`` (our ownership mark), which
+    nothing overrides."""
+    patterns = [p for p in pass_env if any(c in p for c in "*?[")]
     env = {k: environ[k] for k in pass_env if k in environ}
+    for name, value in environ.items():
+        if name not in env and any(fnmatch.fnmatchcase(name, p) for p in patterns):
+            env[name] = value
     env.update(extra)
+    env.update(mark or {})
     return env
+
+
+def _wait_gone(pids: Sequence[int], timeout_s: float) -> None:
+    """Until each pid is dead or a zombie (SIGKILL is delivered asynchronously), bounded."""
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            procs.append(psutil.Process(pid))
+    deadline = time.monotonic() + timeout_s
+    while procs and time.monotonic() < deadline:
+        procs = [p for p in procs if _running(p)]
+        if procs:
+            time.sleep(0.01)
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+PART_PREFIX = "sglang::"
+
+
+def _part_title(p: psutil.Process) -> str:
+    """The ``sglang::...`` title of a server part (scheduler, detokenizer), else ""."""
+    with contextlib.suppress(psutil.Error):
+        argv = p.cmdline()
+        if argv and argv[0].startswith(PART_PREFIX):
+            return argv[0].split()[0]
+        name = p.name()
+        if name.startswith(PART_PREFIX):
+            return name
+    return ""

@@ -13,7 +13,18 @@ import pytest
 from conftest import free_port
 
 from supervisor import simgpu
-from supervisor.cleanup import ProcInfo, StaleReport, find_stale, kill_stale, scan_stale, server_kind
+from supervisor.cleanup import (
+    LAUNCH_VAR,
+    MARK_VAR,
+    ProcInfo,
+    StaleReport,
+    carries_mark,
+    find_stale,
+    instance_id,
+    kill_stale,
+    scan_stale,
+    server_kind,
+)
 from supervisor.gpu import GIB, SimulatedProbe, wait_until_released
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
@@ -40,11 +51,14 @@ def spawn() -> Iterator[Spawn]:
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(
-        title: str = "", *, ignore_term: bool = False, port: int = 0, group: int | None = None
+        title: str = "", *, ignore_term: bool = False, port: int = 0, group: int | None = None,
+        mark: str | None = None,
     ) -> subprocess.Popen[bytes]:
+        env = {**os.environ, **({MARK_VAR: mark, LAUNCH_VAR: "n1"} if mark else {})}
         proc = subprocess.Popen(
             [sys.executable, "-c", _CHILD, title, "1" if ignore_term else "0", str(port)],
             stdout=subprocess.PIPE,
+            env=env,
             start_new_session=group is None,
             process_group=group,  # 0: a new group in our session, so others may join it
         )
@@ -77,9 +91,13 @@ def _alive(pid: int) -> bool:
         return False
 
 
+MARK = "0123456789abcdef0123"
+
+
 async def test_orphan_scheduler_is_killed_then_the_gpu_is_free(spawn: Spawn, sim_dir: Path) -> None:
-    """An orphaned sglang::scheduler holding 100 GiB is killed, a foreign holder is left alive, and memory frees."""
-    orphan = spawn("sglang::scheduler_TP0")
+    """An orphaned sglang::scheduler of ours (it carries our mark) holding 100 GiB is killed, a
+    foreign holder is left alive, and memory frees."""
+    orphan = spawn("sglang::scheduler_TP0", mark=MARK)  # setproctitle zeroes its environ: the mark is unreadable
     other = spawn("someone-elses-training-job")
     simgpu.write_process(sim_dir, orphan.pid, {0: 100 * GIB, 1: 100 * GIB}, title="sglang::scheduler_TP0")
     simgpu.write_process(sim_dir, other.pid, {1: 5 * GIB}, title="train")
@@ -87,8 +105,10 @@ async def test_orphan_scheduler_is_killed_then_the_gpu_is_free(spawn: Spawn, sim
     gpus = await probe.sample()
     gpu_pids = {p.pid for g in gpus for p in g.processes}
 
-    report = await scan_stale(recorded_pgid=None, gpu_pids=gpu_pids, own_pid=os.getpid())
-    assert [(p.pid, p.reason) for p in report.ours] == [(orphan.pid, "sglang::scheduler")]
+    tree = [(orphan.pid, psutil.Process(orphan.pid).create_time())]
+    report = await scan_stale(recorded_pgid=None, gpu_pids=gpu_pids, own_pid=os.getpid(), instance=MARK,
+                              recorded_tree=tree)
+    assert [(p.pid, p.reason) for p in report.ours] == [(orphan.pid, "recorded in our server's tree")]
     assert [p.pid for p in report.foreign] == [other.pid]
 
     killed = await kill_stale(report, grace_s=10)
@@ -101,18 +121,21 @@ async def test_orphan_scheduler_is_killed_then_the_gpu_is_free(spawn: Spawn, sim
 
 @pytest.mark.parametrize("title", ["sglang::detokenizer", "sglang::data_parallel_controller",
                                    "sglang::scheduler_DP1_TP3"])
-def test_other_sglang_titles_on_our_gpu_are_ours(spawn: Spawn, title: str) -> None:
-    """The detokenizer, the DP controller and DP/TP-named schedulers count as ours when they hold our GPU."""
+def test_unmarked_sglang_on_our_gpu_is_foreign(spawn: Spawn, title: str) -> None:
+    """Looking like SGLang proves nothing: without our mark, a part holding our GPU is foreign."""
     proc = spawn(title)
-    report = find_stale(recorded_pgid=None, gpu_pids={proc.pid}, own_pid=os.getpid())
-    assert [p.pid for p in report.ours] == [proc.pid] and report.foreign == []
+    report = find_stale(recorded_pgid=None, gpu_pids={proc.pid}, own_pid=os.getpid(), instance=MARK)
+    assert report.ours == [] and [p.pid for p in report.foreign] == [proc.pid]
+    assert title.split("_")[0] in report.foreign[0].reason or "sglang" in report.foreign[0].reason
 
 
-def test_sglang_title_not_on_our_gpus_is_left_alone(spawn: Spawn) -> None:
-    """An SGLang scheduler that holds none of our GPUs (another team's server) is not ours."""
-    proc = spawn("sglang::scheduler_TP0")
-    report = find_stale(recorded_pgid=None, gpu_pids=set(), own_pid=os.getpid())
-    assert proc.pid not in {p.pid for p in report.ours}
+def test_marked_process_is_ours_wherever_it_is(spawn: Spawn) -> None:
+    """A process with our mark is ours even off our GPUs and port; another daemon's mark is not."""
+    ours = spawn("", mark=MARK)
+    theirs = spawn("", mark="another-daemon-instance")
+    report = find_stale(recorded_pgid=None, gpu_pids=set(), own_pid=os.getpid(), instance=MARK)
+    assert [p.pid for p in report.ours] == [ours.pid]
+    assert theirs.pid not in {p.pid for p in report.ours}
 
 
 async def test_recorded_process_group_is_killed_even_when_it_ignores_sigterm(spawn: Spawn) -> None:
@@ -163,12 +186,34 @@ async def test_own_process_and_ancestors_are_never_killed() -> None:
     assert psutil.Process(parent).is_running()
 
 
-def test_stale_server_listening_on_our_port_is_ours(spawn: Spawn) -> None:
-    """An SGLang-looking process listening on our port is ours even when no GPU lists it."""
+async def test_foreign_sglang_on_our_port_is_reported_and_left_alive(spawn: Spawn) -> None:
+    """Another user's SGLang listening on our port is a port holder, not ours: never killed by
+    default, only with kill_foreign."""
     port = free_port()
     proc = spawn("sglang::scheduler_TP0", port=port)
-    report = find_stale(recorded_pgid=None, gpu_pids=(), own_pid=os.getpid(), port=port)
-    assert [p.pid for p in report.ours] == [proc.pid]
+    report = find_stale(recorded_pgid=None, gpu_pids=(), own_pid=os.getpid(), port=port, instance=MARK)
+    assert report.ours == [] and [p.pid for p in report.port_holders] == [proc.pid]
+    assert await kill_stale(report, grace_s=2) == []
+    assert _alive(proc.pid)
+    assert await kill_stale(report, grace_s=2, kill_foreign=True) == [proc.pid]
+
+
+def test_scheduler_environ_is_zeroed_by_setproctitle(spawn: Spawn) -> None:
+    """Why the mark alone cannot prove ownership: an SGLang-titled process's environ reads empty."""
+    proc = spawn("sglang::scheduler_TP0", mark=MARK)
+    try:
+        environ = psutil.Process(proc.pid).environ()
+    except psutil.AccessDenied:
+        environ = {}
+    assert MARK_VAR not in environ
+
+
+def test_instance_id_is_stable_per_state_dir(tmp_path: Path) -> None:
+    """The mark derives from the state directory: the same dir gives the same id, another dir another."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert instance_id(str(a)) == instance_id(str(a)) != instance_id(str(b))
+    assert carries_mark({MARK_VAR: instance_id(str(a))}, instance_id(str(a)))
+    assert not carries_mark({}, instance_id(str(a))) and not carries_mark({MARK_VAR: ""}, None)
 
 
 @pytest.mark.parametrize(

@@ -32,15 +32,18 @@ from supervisor.machine import (
     Launched,
     LaunchFailed,
     Learned,
+    PartDied,
     Persist,
     Prepare,
     Prepared,
     PrepareFailed,
     Probe,
     ProbeResult,
+    RestartRequested,
     ServerDied,
     ServerExited,
     SetTimer,
+    StopMode,
     StopRequested,
     StopServer,
     TimerFired,
@@ -199,6 +202,7 @@ def test_preparing_to_starting_when_prepared() -> None:
     assert flag(launch.argv, "--mem-fraction-static") == "0.93"
     assert timers(actions) == {
         "startup": night.cfg.health.startup_timeout_s,
+        "silence": night.cfg.health.startup_silence_s,
         "probe": night.cfg.health.startup_poll_s,
     }
 
@@ -511,7 +515,8 @@ def test_host_oom_halves_the_hierarchical_cache() -> None:
 
 
 def test_ready_to_restarting_after_n_failed_probes() -> None:
-    """Three failed probes in a row while serving kill the server with no grace (a hang)."""
+    """Three failed probes in a row while serving: SIGQUIT first (SGLang dumps its stacks into
+    its log), then the group is killed after hang_dump_wait_s."""
     night = Night()
     night.ready()
     for _ in range(night.cfg.health.failures - 1):
@@ -520,7 +525,7 @@ def test_ready_to_restarting_after_n_failed_probes() -> None:
         assert timers(actions) == {}  # the probe timer runs at a fixed rate, not per answer
     actions = night.send(ProbeResult(ok=False, detail="timeout after 30 s"), after=10.0)
     assert night.state is State.RESTARTING
-    assert of(actions, StopServer) == [StopServer(0.0, "hang")]
+    assert of(actions, StopServer) == [StopServer(night.cfg.health.hang_dump_wait_s, "hang", StopMode.DUMP)]
     assert night.core.pending is Cause.HANG
 
 
@@ -539,7 +544,7 @@ def test_ready_to_exited_when_the_server_dies() -> None:
     night.ready()
     actions = night.send(ServerDied(ExitStatus(signal=9)))
     assert night.state is State.EXITED
-    assert {a.name for a in of(actions, CancelTimer)} == {"probe", "startup", "stable"}
+    assert {a.name for a in of(actions, CancelTimer)} == {"probe", "startup", "silence", "stable"}
     assert emitted(actions, "state_changed")["reason"] == "server killed by SIGKILL"
 
 
@@ -834,6 +839,13 @@ def test_full_night_oom_at_093_relaunches_at_088() -> None:
         "next_hicache_size_gb": 0,
         "next_retry_s": round(delay, 3),
         "consecutive_failures": 1,
+        "certain": True,
+        "phase_source": "",
+        "runner_up": None,
+        "min_fraction": None,
+        "part_died": None,
+        "log_cause": None,
+        "log_evidence": [],
     }
     assert 9.0 <= delay <= 11.0
     record = night.core.learned.history[-1]
@@ -913,3 +925,116 @@ def test_random_events_never_raise_and_never_run_two_servers(
             assert night.state is State.STOPPED
             break  # the daemon exits: no event follows
 
+
+
+# --- issue 12: the real server's ways --------------------------------------------------------
+
+
+def test_starting_silence_timer_rearms_while_the_server_prints() -> None:
+    """A start that still prints lines is progress: the silence timer re-arms for the rest."""
+    night = Night()
+    night.starting()
+    limit = night.cfg.health.startup_silence_s
+    actions = night.send(TimerFired("silence", last_output_at=night.now + limit - 100.0), after=limit)
+    assert night.state is State.STARTING
+    assert timers(actions) == {"silence": pytest.approx(limit - 100.0)}
+
+
+def test_starting_to_restarting_after_silence() -> None:
+    """No new line for startup_silence_s while starting: a startup timeout, stopped with grace."""
+    night = Night()
+    night.starting()
+    launched = night.now
+    actions = night.send(TimerFired("silence", last_output_at=launched + 5.0), after=night.cfg.health.startup_silence_s + 5.0)
+    assert night.state is State.RESTARTING
+    assert night.core.pending is Cause.STARTUP_TIMEOUT
+    assert of(actions, StopServer) == [StopServer(night.cfg.server.stop_grace_s, "startup_timeout", StopMode.DRAIN)]
+
+
+def test_ready_to_exited_when_a_part_dies() -> None:
+    """A dead scheduler is the crash: READY is left and the down alert emitted at once, and
+    SGLang's own teardown is awaited (bounded by the grace period) before the diagnosis."""
+    night = Night()
+    night.ready()
+    actions = night.send(PartDied(777, "sglang::scheduler_TP0"))
+    assert night.state is State.EXITED
+    down = emitted(actions, "server_down")
+    assert (down["pid"], down["title"], down["phase"]) == (777, "sglang::scheduler_TP0", "serving")
+    assert of(actions, StopServer) == [
+        StopServer(night.cfg.server.stop_grace_s, "sglang::scheduler_TP0 (pid 777) died", StopMode.AWAIT)
+    ]
+    actions = night.send(crash(Cause.OTHER, phase=Phase.SERVING))
+    assert night.state is State.BACKOFF
+    assert emitted(actions, "crash")["part_died"] == "sglang::scheduler_TP0 (pid 777)"
+
+
+def test_ready_to_restarting_on_a_restart_request() -> None:
+    """An operator's restart drains (SIGTERM to main), relaunches at once with the same flags,
+    and is not counted as a crash."""
+    night = Night()
+    night.ready()
+    actions = night.send(RestartRequested("sglang-supervisor restart"))
+    assert night.state is State.RESTARTING
+    assert of(actions, StopServer) == [
+        StopServer(night.cfg.server.stop_grace_s, "operator_restart", StopMode.DRAIN)
+    ]
+    actions = night.send(ServerExited(ExitStatus(code=0), Diagnosis(Cause.OTHER, Phase.SERVING)))
+    assert night.state is State.BACKOFF
+    assert timers(actions) == {"backoff": 0.0}
+    assert "crash" not in names(actions)
+    assert night.core.crash_times == ()
+    launch = launch_of(night.relaunch(after=0.0))
+    assert launch.fraction == 0.93
+
+
+def test_backoff_to_preparing_on_a_restart_request() -> None:
+    """In BACKOFF a restart request prepares at once and starts the crash budget afresh."""
+    night = Night()
+    night.backoff()
+    actions = night.send(RestartRequested("now"))
+    assert night.state is State.PREPARING
+    assert of(actions, Prepare) and CancelTimer("backoff") in actions
+    assert night.core.crash_times == ()
+
+
+def test_hang_keeps_what_the_servers_log_said() -> None:
+    """After a hang kill the crash record keeps the log's own reading next to ours."""
+    night = Night()
+    night.ready()
+    for _ in range(night.cfg.health.failures):
+        night.send(ProbeResult(ok=False, detail="timeout"), after=10.0)
+    assert night.state is State.RESTARTING
+    log_said = Diagnosis(Cause.OTHER, Phase.SERVING, evidence=("Received sigquit from a child process.",))
+    actions = night.send(ServerExited(ExitStatus(signal=SIGKILL), log_said))
+    report = emitted(actions, "crash")
+    assert report["cause"] == "hang"
+    assert (report["log_cause"], report["log_evidence"]) == ("other", ["Received sigquit from a child process."])
+
+
+def test_unset_fraction_launches_without_the_flag_and_learns_sglangs_choice() -> None:
+    """No mem_fraction_static: SGLang chooses; its server_args line teaches the ladder where it is,
+    and a runtime OOM then steps down to the highest rung below that choice."""
+    night = Night(_unset_cfg())
+    launch = launch_of(night.starting())
+    assert launch.fraction is None and "--mem-fraction-static" not in launch.argv
+    actions = night.send(FactsUpdated(StartupFacts(progress="launching", mem_fraction_static=0.9)))
+    assert emitted(actions, "fraction_learned")["mem_fraction_static"] == 0.9
+    night.send(ProbeResult(ok=True), after=60.0)
+    actions = night.send(ServerExited(ExitStatus(signal=SIGKILL), oom_runtime()), after=60.0)
+    assert emitted(actions, "crash")["next_mem_fraction_static"] == 0.88
+    assert flag(launch_of(night.relaunch()).argv, "--mem-fraction-static") == "0.88"
+
+
+def _unset_cfg() -> Config:
+    return build_config({"server": {"model_path": "m", "tp_size": 8}})
+
+
+def test_kv_pool_failure_goes_up_past_the_fraction_sglang_names() -> None:
+    """'Raise --mem-fraction-static above 0.004' at 0.0001 goes to the next rung above 0.004."""
+    cfg = make_cfg(server={"mem_fraction_static": 0.0001}, policy={"fraction_ladder": [0.10, 0.05, 0.0001]})
+    night = Night(cfg)
+    night.starting()
+    kv = Diagnosis(Cause.KV_POOL_TOO_SMALL, Phase.STARTING, evidence=("ValueError: ...",), min_fraction=0.004)
+    actions = night.send(ServerExited(ExitStatus(code=1), kv), after=20.0)
+    assert emitted(actions, "crash")["next_mem_fraction_static"] == 0.05
+    assert launch_of(night.relaunch()).fraction == 0.05

@@ -298,5 +298,22 @@ def test_server_environment_holds_only_what_the_config_names(tmp_path: Path) -> 
     assert server_env.get("CHAOS_PASSED") == "p-2"
     assert server_env.get("CHAOS_TABLE") == "t-3"
     assert "CHAOS_SECRET_NOT_PASSED" not in server_env and "NOTIFY_SOCKET" not in server_env
-    allowed = {"PATH", "HOME", "CHAOS_PASSED", "PYTHONPATH", "VIRTUAL_ENV", "SGLANG_SIM_GPU_DIR", "CHAOS_TABLE"}
+    # plus our ownership mark: the daemon's instance id and the launch's nonce
+    allowed = {"PATH", "HOME", "CHAOS_PASSED", "PYTHONPATH", "VIRTUAL_ENV", "SGLANG_SIM_GPU_DIR", "CHAOS_TABLE",
+               "SGLANG_SUPERVISOR_INSTANCE", "SGLANG_SUPERVISOR_LAUNCH"}
     assert set(server_env) <= allowed, set(server_env) - allowed
+    assert server_env["SGLANG_SUPERVISOR_LAUNCH"] == d.find("launch")[0]["launch_id"]
+
+
+def test_pass_env_patterns_and_the_default_list() -> None:
+    """pass_env takes shell patterns; the defaults carry what SGLang reads (tokens, NCCL_*,
+    SGLANG_*, CUDA_*, the allocator, the loader path) and nothing else; the mark wins."""
+    from supervisor.config import DEFAULT_PASS_ENV
+    from supervisor.process import server_env
+
+    environ = {"NCCL_DEBUG": "INFO", "SGLANG_USE_CPU_ENGINE": "1", "HF_TOKEN": "hf_x", "CUDA_VISIBLE_DEVICES": "0,1",
+               "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "LD_LIBRARY_PATH": "/opt/x", "AWS_SECRET": "s",
+               "SGLANG_SUPERVISOR_INSTANCE": "spoofed"}
+    env = server_env(DEFAULT_PASS_ENV, {"X": "1"}, environ, {"SGLANG_SUPERVISOR_INSTANCE": "ours"})
+    assert env == {**{k: v for k, v in environ.items() if k != "AWS_SECRET"}, "X": "1",
+                   "SGLANG_SUPERVISOR_INSTANCE": "ours"}
