@@ -1241,7 +1241,7 @@ def _from_finding(log: _Log, f: _Finding, other: _Finding | None, given: Phase |
     if rule.strength == "hint":
         evidence = (*evidence, _killed_summary(log, f))
     if not phase_known:
-        source = f"unknown (assumed {phase}: the most common reading)"
+        source = f"unknown (assumed {phase}, the usual phase of this error)"
     return Diagnosis(
         cause=cause,
         phase=phase,

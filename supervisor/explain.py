@@ -1,8 +1,10 @@
 """``sglang-supervisor explain LOGFILE``: say why a server died, as the daemon would read it.
 
 Reads the log (a file, or ``-`` for stdin), runs the same diagnosis the daemon runs on
-every crash, and prints the cause, the evidence with its line number, the location, the
-rank, the phase, and in one sentence what the supervisor would do and why. It also reports
+every crash, and prints the cause, how sure it is (certain or uncertain, and the runner-up
+cause when the margin is thin), the evidence with its line number, the location, the rank,
+the phase and what it was inferred from, and in one sentence what the supervisor would do
+and why. It also reports
 the startup facts the log holds (per-rank memory numbers, progress), crashed or not.
 ``--json`` prints one object instead. Exit status: 0 whenever a diagnosis was produced
 (``other`` included), 2 when the log cannot be read.
@@ -99,6 +101,7 @@ def startup_dict(facts: StartupFacts) -> dict[str, Any]:
         "kv_cache_tokens": facts.kv_cache_tokens,
         "max_total_num_tokens": facts.max_total_num_tokens,
         "avail_mem_after_capture_gb": facts.avail_mem_after_capture_gb,
+        "mem_fraction_static": facts.mem_fraction_static,
         "progress": facts.progress,
         "ready": facts.ready,
         "ranks": {key: asdict(rank) for key, rank in facts.ranks.items()},
@@ -116,7 +119,16 @@ def report(d: Diagnosis, facts: StartupFacts, *, first_lineno: int = 1) -> dict[
 
 
 def _text(obj: dict[str, Any]) -> str:
-    rows = [("cause", obj["cause"]), ("phase", obj["phase"])]
+    certainty = "certain" if obj["certain"] else "uncertain"
+    if not obj["certain"]:
+        certainty += ": the daemon acts only in the least harmful way (restart, or one rung down for an OOM)"
+    rows = [("cause", obj["cause"]), ("certainty", certainty)]
+    if obj.get("runner_up"):
+        rows.append(("runner-up", obj["runner_up"]))
+    phase_from = f" (from {obj['phase_source']})" if obj.get("phase_source") else ""
+    rows.append(("phase", obj["phase"] + phase_from))
+    if obj.get("min_fraction") is not None:
+        rows.append(("min frac", f"SGLang asks for --mem-fraction-static above {obj['min_fraction']}"))
     evidence = obj["evidence"]
     if evidence:
         where = f"line {obj['evidence_lineno']}: " if obj["evidence_lineno"] else ""

@@ -163,3 +163,37 @@ def test_module_runs_as_a_real_process(crashed_log: Path, no_leftovers: None) ->
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["cause"] == "cuda_oom_runtime"
+
+
+def test_explain_says_how_sure_it_is_and_from_what(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A bare OOM: uncertain, with the runner-up and the phase's source, in text and JSON."""
+    log = tmp_path / "bare.log"
+    log.write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n")
+    assert explain.run(parse([str(log)])) == 0
+    text = capsys.readouterr().out
+    assert "certainty: uncertain" in text
+    assert "runner-up:" in text
+    assert "phase:" in text and "(from unknown" in text
+    obj = run_json([str(log)], capsys)
+    assert obj["certain"] is False
+    assert obj["runner_up"] in ("cuda_oom_runtime", "cuda_oom_startup")
+    assert obj["phase_source"].startswith("unknown")
+    assert obj["remedy"] == "fraction_down"
+
+
+def test_explain_shows_markers_certainty_and_min_fraction(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """0.5.23's KV message after start-up markers: certain, the phase from markers, the minimum."""
+    log = tmp_path / "kv.log"
+    log.write_text(
+        "[2026-03-01 12:00:00] server_args=ServerArgs(model_path='m', mem_fraction_static=0.0001, tp_size=1)\n"
+        "[2026-03-01 12:00:01] Load weight end. elapsed=0.10 s, type=LlamaForCausalLM, avail mem=0.00 GB, mem usage=0.01 GB.\n"
+        "ValueError: Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=0.0001. "
+        "Raise --mem-fraction-static above 0.004 (minimum viable = 1 - available/pre = 0.0031).\n"
+    )
+    obj = run_json([str(log)], capsys)
+    assert (obj["cause"], obj["certain"], obj["min_fraction"]) == ("kv_pool_too_small", True, 0.004)
+    assert obj["phase_source"].startswith("markers:")
+    assert obj["startup"]["mem_fraction_static"] == 0.0001
+    assert explain.run(parse([str(log)])) == 0
+    text = capsys.readouterr().out
+    assert "certainty: certain" in text and "above 0.004" in text and "(from markers:" in text
