@@ -394,13 +394,14 @@ RULES: tuple[_Rule, ...] = (
         usual_phase=Phase.STARTING,
         phase_in_text=True,
         origins=(
-            ("larger than the profiled value", "sglang-legacy"), ("no available memory for the cache blocks", "vllm"),
+            ("no available memory for the cache blocks", "vllm"),
             ("maximum number of tokens that can be stored in kv cache", "vllm"),
             ("larger than the available kv cache memory", "vllm"),
         ),
         cites=(
             ("leave no gpu memory for the kv cache", "sglang 0.5.23 srt/mem_cache/kv_cache_configurator.py:3051"),
             ("increase --mem-fraction-static", "sglang 0.5.23 srt/model_executor/pool_configurator.py:96"),
+            ("larger than the profiled value", "sglang 0.5.23 srt/mem_cache/kv_cache_configurator.py:3102"),
             ("no available memory for the cache blocks", "vllm/worker/cache_engine: 'No available memory for the cache blocks. "
              "Try increasing `gpu_memory_utilization`'"),
             ("maximum number of tokens that can be stored in kv cache", "vllm/v1/core/kv_cache_utils.py: "
@@ -860,12 +861,19 @@ _JOIN_POINT = re.compile(
 _JOINED_LINE_CHARS = 600  # only lines longer than this are looked at for joins
 
 
+def _is_blank(line: str) -> bool:
+    """Empty once its log prefix (quote marks, timestamp, rank, docker column) is gone."""
+    bare = line.strip(" >\t\r")
+    return not bare or (len(line) < 120 and not _strip_prefix(line).strip())
+
+
 def _unmangle(parts: list[str]) -> tuple[list[str], list[int] | None]:
     """The lines of a log pasted with a blank line after every line, or with lines joined,
     back as the server printed them; and each new line's index in ``parts`` (None: same)."""
-    nonblank = [i for i, line in enumerate(parts) if line.strip(" >\t\r")]
+    blank = [_is_blank(line) for line in parts]
+    nonblank = [i for i, b in enumerate(blank) if not b]
     doubled = len(nonblank) >= 4 and sum(
-        1 for i in nonblank if i + 1 < len(parts) and not parts[i + 1].strip(" >\t\r")
+        1 for i in nonblank if i + 1 < len(parts) and blank[i + 1]
     ) >= 0.8 * len(nonblank)
     long_lines = any(len(line) > _JOINED_LINE_CHARS for line in parts)
     if not doubled and not long_lines:
