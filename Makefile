@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 
-.PHONY: demo test chaos bench venv system-deps clean
+.PHONY: demo test chaos bench venv system-deps clean real-sglang e2e
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,17 @@ chaos: $(STAMP) system-deps
 	CHAOS_TRIALS=$${CHAOS_TRIALS:-20} SOAK_CYCLES=$${SOAK_CYCLES:-1000} CHAOS_RESULTS=.chaos/results.jsonl \
 	  $(PY) -m pytest -q -ra -m chaos tests/chaos; \
 	  status=$$?; $(PY) -m tests.chaos.report .chaos/results.jsonl -o docs/reliability.md; exit $$status
+
+# A real SGLang server on the CPU (venv, libcuda stub, tiny model), cached under
+# ${SGLANG_SUPERVISOR_CACHE:-~/.cache/sglang-supervisor}; the first run installs SGLang (several minutes).
+real-sglang:
+	scripts/setup-real-sglang
+
+# The end-to-end tier against that real server.
+e2e: $(STAMP) real-sglang
+	@start=$$(date +%s); \
+	  $(PY) -m pytest -q -ra tests/real -p no:cacheprovider; \
+	  status=$$?; echo "e2e tier: $$(( $$(date +%s) - start )) s wall"; exit $$status
 
 bench: $(STAMP)
 	$(PY) -m bench

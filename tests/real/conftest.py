@@ -1,0 +1,50 @@
+"""The real-SGLang tier: fixtures for tests that launch an actual SGLang server on the CPU.
+
+Every test here is marked ``real`` and gets a 300 s timeout. A missing setup is a failure,
+never a skip: ``make e2e`` runs ``make real-sglang`` first.
+"""
+
+from __future__ import annotations
+
+import fcntl
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.real.sglang_env import RealSGLang, RealSGLangMissing, load
+
+LOCK_PATH = "/tmp/real-sglang.lock"  # shared with other users of the host: one real server at a time
+REAL_TIMEOUT_S = 300
+_HERE = Path(__file__).resolve().parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "real: launches a real SGLang server on the CPU (make e2e)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _HERE in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.real)
+            item.add_marker(pytest.mark.timeout(REAL_TIMEOUT_S))
+
+
+@pytest.fixture(scope="session")
+def real_sglang() -> RealSGLang:
+    try:
+        return load()
+    except RealSGLangMissing as e:
+        problem = str(e)
+    pytest.fail(problem, pytrace=False)  # outside the except: one message, no chained traceback
+
+
+@pytest.fixture
+def real_lock() -> Iterator[None]:
+    """Holds the host-wide real-SGLang lock (the same one `flock /tmp/real-sglang.lock` takes)."""
+    with open(LOCK_PATH, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
