@@ -290,7 +290,9 @@ class Daemon:
                     },
                 )
                 detail = "; ".join(f"{c.name}: {c.detail}" for c in failed)
-                self.post(PrepareFailed(Cause.PREFLIGHT_FAILED, detail, any(c.permanent for c in failed)))
+                # A model that is not there is the same finding SGLang would make a minute later.
+                cause = Cause.MODEL_LOAD_ERROR if any(c.name == "model_path" for c in failed) else Cause.PREFLIGHT_FAILED
+                self.post(PrepareFailed(cause, detail, any(c.permanent for c in failed)))
                 return
             self.post(Prepared())
         except asyncio.CancelledError:

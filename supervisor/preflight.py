@@ -25,7 +25,7 @@ from typing import Any
 
 import psutil
 
-from supervisor.cleanup import listeners, scan_stale
+from supervisor.cleanup import instance_id, listeners, scan_stale
 from supervisor.config import Config, ServerConfig
 from supervisor.gpu import GpuProbe, GpuProbeError, make_probe
 
@@ -127,14 +127,17 @@ def check_model_path(model_path: str, exists: bool) -> Check:
     """A local model path must exist; a Hugging Face id is left to SGLang.
 
     ``exists`` is whether the path (resolved against the server's working directory)
-    exists. A missing path is retryable: network mounts can come up after boot.
+    exists. A missing path is permanent (the daemon gives up with ``model_load_error``, as
+    SGLang itself would after a minute of imports): a network mount that comes up after
+    boot is ordered with systemd's ``RequiresMountsFor=`` (docs/systemd.md), not waited
+    for here.
     """
     if not model_path:
         return Check("model_path", False, "server.model_path is empty", permanent=True)
     if exists:
         return Check("model_path", True, f"{model_path} exists")
     if looks_local(model_path):
-        return Check("model_path", False, f"{model_path} does not exist (not mounted yet?)")
+        return Check("model_path", False, f"{model_path} does not exist (not mounted?)", permanent=True)
     return Check("model_path", True, f"{model_path} is a Hugging Face id (not checked here)")
 
 
@@ -295,9 +298,26 @@ async def _cli_checks(cfg: Config) -> list[Check]:
             gpu_pids = {p.pid for g in await probe.sample() for p in g.processes}
         except GpuProbeError:
             gpu_pids = set()  # the gpu_count check reports it
+        recorded = _recorded_server(cfg.state.dir)
         stale = await scan_stale(
-            recorded_pgid=None, gpu_pids=gpu_pids, own_pid=os.getpid(), port=cfg.server.port
+            gpu_pids=gpu_pids, own_pid=os.getpid(), port=cfg.server.port,
+            instance=instance_id(cfg.state.dir), **recorded,
         )
         return await run_preflight(cfg, probe, stale_pids={p.pid for p in stale.ours})
     finally:
         await probe.aclose()
+
+
+def _recorded_server(state_dir: str) -> dict[str, Any]:
+    """What the state file says of the last server launched: the same proof of ownership the
+    daemon uses (its process group, launch time and tree)."""
+    from supervisor.store import StateStore
+
+    data, _warning = StateStore(state_dir).load(move_aside=False)
+    data = data or {}
+    pgid, since, tree = data.get("server_pgid"), data.get("server_since"), data.get("server_tree")
+    return {
+        "recorded_pgid": pgid if isinstance(pgid, int) else None,
+        "recorded_since": float(since) if isinstance(since, int | float) else None,
+        "recorded_tree": [(int(t[0]), float(t[1])) for t in tree or [] if isinstance(t, list) and len(t) == 2],
+    }

@@ -77,10 +77,11 @@ def test_ranks_on_host_divides_over_nodes() -> None:
 
 
 def test_model_path() -> None:
-    """A Hugging Face id passes unchecked; a missing local path fails (retryable); an empty one is permanent."""
+    """A Hugging Face id passes unchecked; a missing local path fails for good (the daemon gives
+    up with model_load_error; mounts are ordered by systemd); an empty one is permanent."""
     assert check_model_path("moonshotai/Kimi-K2.5", exists=False).ok
     missing = check_model_path("/models/kimi", exists=False)
-    assert not missing.ok and not missing.permanent and "does not exist" in missing.detail
+    assert not missing.ok and missing.permanent and "does not exist" in missing.detail
     assert not check_model_path("~/models/kimi", exists=False).ok
     assert check_model_path("./kimi", exists=True).ok
     assert check_model_path("", exists=False).permanent
@@ -188,9 +189,12 @@ def test_cli_json_fails_on_hicache_arithmetic(tmp_path: Path, capsys: pytest.Cap
 def test_cli_port_held_by_our_stale_server_passes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], spawn: Spawn  # noqa: F811
 ) -> None:
-    """A stale SGLang process of ours listening on the port does not fail preflight: it is cleared before launch."""
+    """A stale server process of ours (it carries this config's mark) listening on the port does
+    not fail preflight: it is cleared before launch."""
+    from supervisor.cleanup import instance_id
+
     cfg = _config(tmp_path, gpus=1)
-    stale = spawn("sglang::scheduler_TP0", port=cfg.server.port)
+    stale = spawn("", port=cfg.server.port, mark=instance_id(cfg.state.dir))
     assert run(_args("--json"), cfg) == 0
     port = next(c for c in json.loads(capsys.readouterr().out)["checks"] if c["name"] == "port")
     assert port["ok"] and f"pid {stale.pid}" in port["detail"] and "stale server of ours" in port["detail"]
