@@ -1151,6 +1151,28 @@ def _find(log: _Log) -> tuple[_Finding | None, _Finding | None]:
     return chosen, other
 
 
+_PORT_RULE = next(r for r in RULES if r.name == "port")
+_BIND_FAILED = ("error while attempting to bind",)
+_HTTP_BOUND = ("uvicorn running on",)
+
+
+def _bind_failure_before_ready(log: _Log) -> _Finding | None:
+    """The HTTP server's failed bind just before the last ready line, when nothing after that
+    line names a cause: the ready line then came from the warm-up request reaching whatever
+    else holds the port (uvicorn says "Uvicorn running on" only once it has bound)."""
+    if log.crash_start <= 0:
+        return None
+    start = max(0, log.crash_start - _BACK_WINDOW)
+    failed = [i for i in log.find_lines(_BIND_FAILED, start, last=4) if i < log.crash_start]
+    if not failed:
+        return None
+    index = failed[-1]
+    if log.find_lines(_HTTP_BOUND, index, last=1) and log.find_lines(_HTTP_BOUND, index, last=1)[0] < log.crash_start:
+        return None
+    _, end = log.logical(index)
+    return _Finding(_PORT_RULE, index, end, index)
+
+
 def _phase_at(
     log: _Log, finding_lines: list[int], index: int, given: Phase | None
 ) -> tuple[Phase | None, str | None, str]:
@@ -1358,6 +1380,8 @@ def _diagnose(
 ) -> Diagnosis:
     log = _Log(tail_text(tail))
     finding, other = _find(log)
+    if finding is None or finding.rule.strength != "names":
+        finding = _bind_failure_before_ready(log) or finding
     diagnosis = _from_finding(log, finding, other, phase) if finding else _other(log, phase, exit_status)
     record = kernel_oom_line(kernel_log, pids)
     if record is None and oom_kill_delta is not None and oom_kill_delta > 0:

@@ -22,7 +22,8 @@ Formats handled (see ``sglang-facts.md``), 0.5.6 and 0.5.23:
 - speculative decoding: a rank's second ``Load weight end`` (after its KV pool), and the
   ``KV Cache is allocated`` / ``Memory pool end`` after it, are the draft model's
   (``draft_*`` fields); the target's stay as they were.
-- ``server_args=ServerArgs(... mem_fraction_static=X ...)``: the fraction SGLang chose.
+- ``server_args=ServerArgs(... mem_fraction_static=X ...)`` (0.5.6) or ``server_args={...
+  'mem_fraction_static': X ...}`` (0.5.23): the fraction SGLang chose.
 
 Values are taken only from the line that states them; nothing is guessed. A rank is the
 ``DPn PPn ATTN_CPn MOE_DPn TPn EPn`` part (any of them) of the line's
@@ -110,7 +111,9 @@ _K_SIZE = re.compile(r"\bK size: ?" + _NUM + _GB)
 _V_SIZE = re.compile(r"\bV size: ?" + _NUM + _GB)
 _KV_SIZE = re.compile(r"\bKV size: ?" + _NUM + _GB)
 _MAX_TOTAL = re.compile(r"\bmax_total_num_tokens=([0-9]{1,15})")
-_MEM_FRACTION = re.compile(r"\bmem_fraction_static=([0-9]{1,3}(?:\.[0-9]{1,12})?)\b")
+# "server_args=ServerArgs(... mem_fraction_static=0.82, ...)" (<= 0.5.6) or, in 0.5.23,
+# "server_args={... 'mem_fraction_static': 0.719, ...}"
+_MEM_FRACTION = re.compile(r"\bmem_fraction_static(?:=|': ?)([0-9]{1,3}(?:\.[0-9]{1,12})?)\b")
 _CAPTURE_END = re.compile(r"Capture [A-Za-z ]{0,60}?graph end", re.IGNORECASE)
 # "Allocating 40.00 GB host memory for hierarchical KV cache."
 _HOST_POOL_OLD = re.compile(r"Allocating " + _NUM + _GB + r" host memory for hierarchical")
@@ -135,7 +138,8 @@ SOURCE_PATTERNS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
      ("hierarchical KV host pool: ",)),
     ("Allocating X GB host memory for hierarchical KV cache", "sglang-legacy", ()),
     ("The server is fired up and ready to roll!", "sglang", ("The server is fired up and ready to roll!",)),
-    ("server_args=ServerArgs(... mem_fraction_static=X ...)", "sglang", ('f"server_args=', "mem_fraction_static: ")),
+    ("server_args={... 'mem_fraction_static': X ...}", "sglang",
+     ('f"server_args={_server_args_for_logging(server_args)}"', "mem_fraction_static: Optional[float]")),
     ("rank prefix [date time DPn PPn ATTN_CPn MOE_DPn TPn EPn]", "sglang",
      ('f" DP{', 'f" PP{', 'f" ATTN_CP{', 'f" MOE_DP{', 'f" TP{', 'f" EP{')),
     ("Subprocess scheduler_N (pid=P) crashed", "sglang", ('f"Subprocess {name} (pid={proc.pid}) crashed "',)),
@@ -160,7 +164,7 @@ _PROGRESS_MARKERS: tuple[tuple[str, str], ...] = (
 # Cheap pre-check: every fact or progress line contains one of these.
 _PRECHECK = (
     "GB", "MB", "apture", "Capturing", "ready to roll", "shards", "armup", "Load weight", "Uvicorn running",
-    "max_total_num_tokens", "mem_fraction_static=",
+    "max_total_num_tokens", "mem_fraction_static",
 )
 
 
@@ -235,7 +239,7 @@ class StartupFactsParser:
             draft = self._second(line, pos, "Memory pool end")
             value = _search_gb(_AVAIL_MEM, line, pos)
             changed = self._set(line, pos, draft + "avail_mem_after_pool_gb", value) or changed
-        if "mem_fraction_static=" in line and "ServerArgs(" in line and (m := _MEM_FRACTION.search(line)):
+        if "server_args=" in line and "mem_fraction_static" in line and (m := _MEM_FRACTION.search(line)):
             value = float(m.group(1))
             if value != self._mem_fraction:
                 self._mem_fraction = value

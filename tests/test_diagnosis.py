@@ -459,7 +459,8 @@ def test_simulator_deaths_are_read_right(
     events.write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n")
     argv += ["--sim-memory-events", str(events)]
     before = read_oom_kill_count(events.read_text())
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    env = {**os.environ, "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     try:
         out, _ = proc.communicate(timeout=90)
     except subprocess.TimeoutExpired:
@@ -475,7 +476,8 @@ def test_simulator_deaths_are_read_right(
         assert (bare.cause, bare.runner_up) == (Cause.OTHER, Cause.HOST_OOM)
     if location:
         assert d.location == location
-    assert d.rank and d.rank.startswith("TP")
+    if mode != "host_oom":  # a SIGKILLed scheduler is named "scheduler_0": no rank to read
+        assert d.rank and d.rank.startswith("TP")
 
 
 # --------------------------------------------------------------------------- the action sentence

@@ -308,3 +308,31 @@ def test_new_keyword_never_raises_on_odd_values() -> None:
     """diagnose() answers whatever oom_kill_delta holds."""
     for delta in (-1, 0, 10**12):
         assert diagnose("Killed\n", exit_status=ExitStatus(signal=9), oom_kill_delta=delta).cause in (Cause.OTHER, Cause.HOST_OOM)
+
+
+# --------------------------------------------------------------------------- a ready line that was not ours
+
+
+def test_a_failed_bind_before_the_ready_line_is_port_in_use_when_nothing_follows() -> None:
+    """uvicorn failed to bind, then 'ready to roll' (the warm-up reached whoever holds the
+    port), then the teardown: the cause is the port, not 'other'."""
+    log = "\n".join([
+        "[2026-03-01 12:00:00] INFO:     Application startup complete.",
+        "[2026-03-01 12:00:00] ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 30000): address already in use",
+        "[2026-03-01 12:00:00] INFO:     Waiting for application shutdown.",
+        "[2026-03-01 12:00:02] The server is fired up and ready to roll!",
+        "[2026-03-01 12:00:02] INFO:     Application shutdown complete.",
+    ]) + "\n"
+    d = diagnose(log, exit_status=ExitStatus(code=3), phase=None)
+    assert (d.cause, d.remedy) == (Cause.PORT_IN_USE, Remedy.CLEAR_GPU)
+
+
+def test_a_bind_failure_after_which_uvicorn_did_bind_is_not_the_cause() -> None:
+    """'Uvicorn running on' after the failed bind: the server did serve; the later crash decides."""
+    log = "\n".join([
+        "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 30000): address already in use",
+        "INFO:     Uvicorn running on http://0.0.0.0:30001 (Press CTRL+C to quit)",
+        "[2026-03-01 12:00:02] The server is fired up and ready to roll!",
+        "Killed",
+    ]) + "\n"
+    assert diagnose(log, phase=None).cause is Cause.OTHER

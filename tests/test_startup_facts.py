@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from supervisor.model import RankFacts
 from supervisor.startup_facts import MAIN_RANK, StartupFactsParser, line_rank, parse_startup_facts
 
@@ -125,3 +127,64 @@ def test_line_rank_reads_sglang_vllm_and_torch_prefixes() -> None:
     assert line_rank("(Worker_TP7_DCP1_EP7 pid=641) ERROR x") == "TP7 EP7"
     assert line_rank("[rank6]:[E210 02:06:33] x") == "rank6"
     assert line_rank("[2026-03-01 12:00:00] no rank") is None
+
+
+def test_rank_prefixes_with_any_parallel_parts() -> None:
+    """DP, PP, ATTN_CP, MOE_DP, TP and EP parts, in SGLang's order, all make the rank."""
+    assert line_rank("[2026-01-01 10:00:00 DP1 ATTN_CP0 TP3 EP3] Load weight end.") == "DP1 ATTN_CP0 TP3 EP3"
+    assert line_rank("[2026-01-01 10:00:00 PP1 TP0] x") == "PP1 TP0"
+    assert line_rank("[2026-01-01 10:00:00.123 DP0 PP1 ATTN_CP1 MOE_DP2 TP5 EP5] x") == "DP0 PP1 ATTN_CP1 MOE_DP2 TP5 EP5"
+    assert line_rank("Subprocess scheduler_DP1_ATTN_CP0_TP3 (pid=1) crashed") == "DP1 ATTN_CP0 TP3"
+    facts = parse_startup_facts(
+        "[2026-01-01 10:00:00 DP1 ATTN_CP0 TP3 EP3] Load weight end. type=X, avail mem=50.00 GB, mem usage=30.00 GB.\n"
+        "[2026-01-01 10:00:00 DP1 ATTN_CP1 TP3 EP3] Load weight end. type=X, avail mem=51.00 GB, mem usage=29.00 GB.\n"
+    )
+    assert facts.ranks["DP1 ATTN_CP0 TP3 EP3"].avail_mem_after_weights_gb == 50.0
+    assert facts.ranks["DP1 ATTN_CP1 TP3 EP3"].avail_mem_after_weights_gb == 51.0
+
+
+def test_speculative_decoding_keeps_target_and_draft_facts() -> None:
+    """The draft model's second Load weight end / KV Cache / Memory pool end go to draft_* fields."""
+    log = "\n".join([
+        ts("TP0") + "Load weight end. elapsed=10.00 s, type=LlamaForCausalLM, avail mem=60.00 GB, mem usage=15.00 GB.",
+        ts("TP0") + "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 500000, K size: 20.00 GB, V size: 20.00 GB",
+        ts("TP0") + "Memory pool end. avail mem=18.00 GB",
+        ts("TP0") + "Load weight begin. avail mem=18.00 GB",
+        ts("TP0") + "Load weight end. elapsed=1.00 s, type=LlamaForCausalLMEagle3, avail mem=17.00 GB, mem usage=1.00 GB.",
+        ts("TP0") + "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 500000, KV size: 1.50 GB",
+        ts("TP0") + "Memory pool end. avail mem=15.50 GB",
+    ])
+    rank = parse_startup_facts(log).ranks["TP0"]
+    assert (rank.avail_mem_after_weights_gb, rank.weights_gb) == (60.0, 15.0)
+    assert (rank.kv_cache_tokens, rank.kv_cache_gb, rank.avail_mem_after_pool_gb) == (500000, 40.0, 18.0)
+    assert (rank.draft_avail_mem_after_weights_gb, rank.draft_weights_gb) == (17.0, 1.0)
+    assert (rank.draft_kv_cache_tokens, rank.draft_kv_cache_gb, rank.draft_avail_mem_after_pool_gb) == (500000, 1.5, 15.5)
+
+
+def test_a_repeated_line_is_not_a_draft_models() -> None:
+    """Without a second Load weight end after the pool, a repeated pool line is just a repeat."""
+    rank = parse_startup_facts(ts("TP0") + "Memory pool end. avail mem=7.00 GB\n" * 2).ranks["TP0"]
+    assert rank.avail_mem_after_pool_gb == 7.0
+    assert rank.draft_avail_mem_after_pool_gb is None
+
+
+def test_mem_fraction_static_is_read_from_the_server_args_line() -> None:
+    """SGLang's chosen fraction comes from its server_args=ServerArgs(...) line."""
+    parser = StartupFactsParser()
+    assert parser.facts.mem_fraction_static is None
+    assert parser.feed("[2026-01-01 10:00:00] server_args=ServerArgs(model_path='m', tp_size=8, mem_fraction_static=0.82, chunked_prefill_size=8192)")
+    assert parser.facts.mem_fraction_static == 0.82
+    parser.feed("[2026-01-01 10:00:01] a later line mentions mem_fraction_static=0.5 but is no server_args line")
+    assert parser.facts.mem_fraction_static == 0.82
+    parser.feed("[2026-01-01 10:00:02] server_args={'model_path': 'm', 'mem_fraction_static': 0.719, 'tp_size': 1}")
+    assert parser.facts.mem_fraction_static == 0.719  # 0.5.23 prints a dict
+
+
+def test_real_sglang_log_gives_its_fraction_and_progress() -> None:
+    """A real SGLang 0.5.23 log (when the real tier committed one) yields the fraction SGLang chose."""
+    real = sorted((Path(__file__).parent / "data" / "crashlogs" / "real").glob("*.log"))
+    with_args = [p for p in real if "server_args=" in p.read_text(errors="replace")]
+    for path in with_args:
+        facts = parse_startup_facts(path.read_text(errors="replace"))
+        assert facts.mem_fraction_static is not None and 0 < facts.mem_fraction_static < 1, path.name
+    assert with_args, "the real-SGLang logs in tests/data/crashlogs/real print a server_args line"
