@@ -7,27 +7,40 @@ the exception, the innermost frame, the rank and the phase.
 
 How it reads a log (``../shared/sglang-facts.md`` says why each rule holds):
 
-- The cause is the **first specific error** in the crash, not the last line. Generic lines
-  (``Scheduler hit an exception``, ``SIGQUIT received``, ``Received sigquit``, ``Killed``,
-  ``EngineDeadError``, ``output_handler failed``...) match no rule and so carry no cause.
+- The cause is the **first failure** of the crash, on any rank, not the last line. Each rule
+  says how much its line tells (``strength``): it *names* a cause, it is a *hint* (exit code
+  -9, ENOMEM, a list of possible causes: read as ``other`` with ``host_oom`` runner-up), or
+  an *echo* of another rank's failure (gloo/NCCL ``Connection closed/reset by peer``, a
+  collective watchdog timeout). The first naming line wins, else the first hint, else the
+  first echo. Generic lines (``Scheduler hit an exception``, ``SIGQUIT received``,
+  ``Received sigquit``, ``Killed``, ``EngineDeadError``...) carry no cause.
 - A line is a candidate when it holds one of a rule's needles (cheap substring search over
   the lowered tail); the rule's linear regex and context check then confirm it. Within
-  one line, rules are tried in a fixed precedence: hardware, host memory, KV pool, CUDA
-  OOM, specific CUDA faults, port, NCCL, other CUDA errors, watchdog, model, config. So a
-  wrapper's message (``Capture cuda graph failed: <real error>``, ``MQEngineDeadError ...
-  OutOfMemoryError(...)``) is read for the real error it holds.
+  one line, rules are tried in a fixed precedence: hardware, host memory, hints, KV pool,
+  CUDA OOM, specific CUDA faults, port, NCCL, echoes, other CUDA errors, watchdog, model,
+  config. So a wrapper's message (``Capture cuda graph failed: <real error>``,
+  ``MQEngineDeadError ... OutOfMemoryError(...)``) is read for the real error it holds.
 - Source lines shown in tracebacks are not evidence (``raise RuntimeError(f"NCCL error...``
   is code, not an error); frame lines are not either.
-- Startup vs serving comes from the failure report around the evidence (init, weight
-  loading, KV-pool, CUDA-graph capture and profiling frames mean startup; forward/batch/
-  engine-loop frames mean serving; startup frames win because they are the outer ones),
-  then from the nearest progress line before it (``Load weight``, ``Capture cuda graph``,
-  vs ``Prefill batch``, HTTP request lines, ``ready to roll``), then from the phase the
-  daemon saw. A daemon that saw the server serve is believed outright.
+- Startup vs serving (``_phase_at``): a daemon that saw the server serve is believed
+  outright; else the failure report's frames (start-up frames win: they are the outer
+  ones); else the last progress line before the error; else progress lines anywhere
+  (start-up markers and no ready line mean start-up); else the daemon's STARTING; else
+  unknown. ``Diagnosis.phase_source`` says which.
+- ``Diagnosis.certain``: the evidence names the cause and, where the remedy depends on the
+  phase, the phase is known. An uncertain memory reading gets the least harmful remedy
+  (restart, or one rung down for a CUDA OOM of unknown phase) and a ``runner_up``.
 - Errors before the last ``ready to roll`` line, or followed by many batch lines, did not
-  kill the server and are not the cause.
-- A kernel OOM-killer line for one of the server's pids (``kernel_log``) makes it host OOM
-  unless the log names a specific non-consequential cause.
+  kill the server and are not the cause (except a failed HTTP bind just before a ready
+  line that another server answered).
+- An OOM-killer record (a kernel line for one of the server's pids, or a positive
+  ``oom_kill_delta`` from the cgroup's ``memory.events``) makes ``other``, NCCL and watchdog
+  readings host OOM.
+- Mangled logs (``> `` quoting, prefixes, CRLF, a blank line after every line, lines joined)
+  are unmangled first; line numbers stay those of the text given.
+- Every rule records where its text comes from (``origin``, ``cites``, ``source_text``);
+  ``tests/test_diagnosis_provenance.py`` and ``tests/real/test_source_contract.py`` hold
+  them to it. ``docs/diagnosis.md`` lists the families and their rules.
 
 Only the last ``MAX_TAIL_BYTES`` of the input are read; no regex can backtrack beyond a
 fixed bound; ``diagnose`` never raises.
