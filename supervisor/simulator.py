@@ -32,19 +32,23 @@ import contextlib
 import ctypes
 import itertools
 import json
+import math
 import os
 import resource
 import select
+import shutil
 import signal
 import socket
 import sys
 import time
 import traceback
+import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+import aiohttp
 import psutil
 from aiohttp import ClientSession, ClientTimeout, web
 from setproctitle import setproctitle
@@ -82,9 +86,28 @@ BATCH_WINDOW_S = 0.03  # requests arriving this close together form one prefill 
 PREFILL_S_PER_TOKEN = 4e-6  # a full 8192-token chunk takes ~33 ms
 DECODE_STEP_S = 0.004  # one decode step for every running request
 DECODE_LOG_INTERVAL = 40  # SGLang logs every 40th decode step
-CHILD_MONITOR_S = 0.25  # 0.5.23's 1 s child monitor, compressed
-DRAIN_POLL_S = 0.25  # SGLang's 5 s "Gracefully exiting" poll, compressed
+CHILD_MONITOR_S = 0.25  # 0.5.6 mode: 0.5.23's 1 s child monitor, compressed
+CHILD_MONITOR_S_V23 = 1.0  # 0.5.23: SubprocessWatchdog(interval=1.0)
+DRAIN_POLL_S = 0.25  # 0.5.6 mode: SGLang's 5 s "Gracefully exiting" poll, compressed
+DRAIN_POLL_S_V23 = 5.0  # 0.5.23: sigterm_watchdog sleeps 5 s between checks (--sim-drain-poll-s)
 REAP_WAIT_S = 2.0  # how long the main process waits for killed children before dying
+WARMUP_TRIES = 20  # 0.5.23 tries /model_info 120 times, 1 s apart, 5 s timeout each (compressed)
+WARMUP_POLL_S = 0.05
+WARMUP_TRY_TIMEOUT_S = 0.5
+SCHEDULER_EXIT_TIMEOUT_S = 15.0  # 0.5.23's _SCHEDULER_EXIT_TIMEOUT_SECS after ShutdownReq
+
+# 0.5.23's crash diagnostics (TokenizerManager.dump_requests_before_crash). The 5 s sleep is a
+# literal ``time.sleep(5)`` in SGLang; the simulator reads it from this env var so fast tests
+# can shorten it. The others are SGLang's own env vars, honoured with SGLang's defaults.
+ENV_DIAG_SLEEP = "SGLANG_SIM_CRASH_DIAG_SLEEP_S"  # default 5.0
+ENV_TEARDOWN = "SGLANG_SIM_CHILD_TEARDOWN_S"  # default 1.5: how long SIGKILLed children take to go
+ENV_PYSPY = "SGLANG_PYSPY_DUMP_BEFORE_CRASH"  # default true
+ENV_COREDUMP = "SGLANG_CUDA_COREDUMP_BEFORE_CRASH"  # default true
+ENV_COREDUMP_WAIT = "SGLANG_CUDA_COREDUMP_BEFORE_CRASH_WAIT_SECS"  # default 60.0
+ENV_TEST_CRASH = "SGLANG_TEST_CRASH_AFTER_STREAM_OUTPUTS"  # SGLang's test hook, default 0 (off)
+ENV_KERNEL_LOG = "SGLANG_SIM_KERNEL_LOG"  # host_oom: append a kernel OOM-killer line here
+ENV_MEMORY_EVENTS = "SGLANG_SIM_MEMORY_EVENTS"  # host_oom: bump oom/oom_kill in this memory.events
+MEMORY_EVENTS_KEYS = ("low", "high", "max", "oom", "oom_kill", "oom_group_kill")
 
 SGLANG = "/sgl-workspace/sglang/python/sglang/srt"
 TORCH = "/usr/local/lib/python3.12/dist-packages/torch"
@@ -94,9 +117,30 @@ FRAME_REPR = "<frame at 0x7f3a5c1e4a40, file '/usr/lib/python3.12/selectors.py',
 # --------------------------------------------------------------------------- flags
 
 
+def _env_bool(name: str, default: bool) -> bool:
+    """SGLang's EnvBool: true/1/yes/y and false/0/no/n, case-insensitive."""
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in ("true", "1", "yes", "y")
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name) or default)
+    except ValueError:
+        return default
+
+
 def _build_parser(version: str) -> argparse.ArgumentParser:
-    """SGLang's launch flags this simulator understands, plus its own ``--sim-*`` flags."""
-    p = argparse.ArgumentParser(prog="launch_server.py", allow_abbrev=False)
+    """SGLang's launch flags this simulator understands, plus its own ``--sim-*`` flags.
+
+    Like SGLang, argparse's prefix matching is on (``--tp 2`` means ``--tp-size 2``). 0.5.23's
+    parser is ``argparse.ArgumentParser(prog="sglang serve")`` also under
+    ``python -m sglang.launch_server``; 0.5.6's had no prog (``launch_server.py``).
+    """
+    v56 = version == "0.5.6"
+    p = argparse.ArgumentParser(prog="launch_server.py" if v56 else "sglang serve")
     add = p.add_argument
     add("--model-path", required=True)
     add("--host", default="127.0.0.1")
@@ -107,7 +151,7 @@ def _build_parser(version: str) -> argparse.ArgumentParser:
     hicache = ["--enable-hierarchical-cache"] + (["--enable-hicache"] if version != "0.5.6" else [])
     add(*hicache, dest="enable_hierarchical_cache", action="store_true")
     add("--hicache-size", type=int, default=0)
-    add("--hicache-ratio", type=float, default=2.0)
+    add("--hicache-ratio", type=float, default=2.0 if v56 else None)  # 0.5.23: None -> 2.0
     add("--chunked-prefill-size", type=int, default=None)
     add("--max-running-requests", type=int, default=None)
     add("--max-total-tokens", type=int, default=None)
@@ -122,10 +166,17 @@ def _build_parser(version: str) -> argparse.ArgumentParser:
     add("--tool-call-parser", default=None)
     add("--base-gpu-id", type=int, default=0)
     add("--crash-dump-folder", default=None)
-    if version == "0.5.6":
+    if v56:
         add("--cuda-graph-max-bs", type=int, default=None)
-    else:  # removed in 0.5.23
+    else:  # removed in 0.5.23: "--cuda-graph-max-bs" is then an ambiguous prefix of these two
         add("--cuda-graph-max-bs-decode", type=int, default=None)
+        add("--cuda-graph-max-bs-prefill", type=int, default=None)
+        # Flags of the real CPU recipe (accepted so one config drives both the real server and us).
+        add("--device", default=None)
+        add("--attention-backend", default=None)
+        add("--disable-cuda-graph", action="store_true")
+        add("--sleep-on-idle", action="store_true")
+        add("--skip-server-warmup", action="store_true")
 
     sim = p.add_argument_group("simulator")
     s = sim.add_argument
@@ -143,7 +194,9 @@ def _build_parser(version: str) -> argparse.ArgumentParser:
     s("--sim-crash-stamp", default=None)
     s("--sim-log-rate", type=float, default=0.0)
     s("--sim-flood", type=int, default=0)
-    s("--sim-kernel-log", default=None)
+    s("--sim-kernel-log", default=os.environ.get(ENV_KERNEL_LOG) or None)
+    s("--sim-memory-events", default=os.environ.get(ENV_MEMORY_EVENTS) or None)
+    s("--sim-drain-poll-s", type=float, default=DRAIN_POLL_S if v56 else DRAIN_POLL_S_V23)
     s("--sim-health-delay-s", type=float, default=0.02)
     s("--sim-health-timeout-s", type=float, default=2.0)  # SGLang's 20 s, compressed
     s("--sim-host-mem-gb", type=float, default=None)  # host RAM for the hicache check
@@ -159,11 +212,55 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def default_fraction(total_gb: float, chunked_prefill: int, tp_size: int) -> float:
-    """SGLang's computed ``--mem-fraction-static`` when the flag is absent."""
+    """0.5.6 mode: SGLang's computed ``--mem-fraction-static`` when the flag is absent."""
     reserved_mb = 512 + 1.5 * max(chunked_prefill, 2048) + tp_size / 8 * 1024
     if total_gb > 60:
         reserved_mb = max(reserved_mb, 10 * 1024)
     return round((total_gb * 1024 - reserved_mb) / (total_gb * 1024), 3)
+
+
+def default_chunked_prefill_v23(total_gb: float) -> int:
+    """0.5.23 ``handle_gpu_memory_settings``: chunked_prefill_size by GPU memory (MiB)."""
+    gpu_mem = total_gb * 1024
+    if gpu_mem < 20 * 1024:
+        return 2048
+    if gpu_mem < 60 * 1024:
+        return 4096
+    if gpu_mem < 160 * 1024:
+        return 8192
+    return 16384
+
+
+def default_decode_max_bs_v23(total_gb: float, tp_size: int) -> int:
+    """0.5.23 ``handle_gpu_memory_settings``: the decode CUDA-graph max batch size."""
+    gpu_mem = total_gb * 1024
+    if gpu_mem < 20 * 1024:
+        return 8
+    if gpu_mem < 35 * 1024:
+        return 48 if tp_size < 4 else 160
+    if gpu_mem < 60 * 1024:
+        return 32 if tp_size < 4 else 160
+    if gpu_mem < 160 * 1024:
+        return 256 if tp_size < 4 else 512
+    return 512
+
+
+def default_fraction_v23(total_gb: float, chunked_prefill: int, tp_size: int, *, cuda_graph: bool = True) -> float:
+    """0.5.23 ``handle_gpu_memory_settings`` for this simulated GPU (memory_hook.py).
+
+    ``reserved = 512 + 1.5 x max(chunked, 2048) + tp x pp / 8 x 1024 + graph reserve`` MiB,
+    at least 10 GiB on cards above 60 GiB, fraction ``round((mem - reserved) / mem, 3)``. The
+    graph reserve is ``decode max_bs x 2`` (the prefill-graph reserve is left out: breakable
+    prefill graphs are off for this model's backend). H200 (143771 MiB) at TP 8: 0.897; an
+    80 GB card (81559 MiB) at TP 8: 0.818.
+    """
+    gpu_mem = total_gb * 1024
+    reserved = 512 + 1.5 * max(chunked_prefill, 2048) + tp_size / 8 * 1024
+    if cuda_graph:
+        reserved += default_decode_max_bs_v23(total_gb, tp_size) * 2
+    if gpu_mem > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((gpu_mem - reserved) / gpu_mem, 3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,22 +299,40 @@ class SimConfig:
     log_rate: float
     flood: int
     kernel_log: str | None
+    memory_events: str | None
+    drain_poll_s: float
+    device: str
+    cuda_graph: bool
+    skip_warmup: bool
     health_delay_s: float
     health_timeout_s: float
     host_mem_gb: float | None
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> SimConfig:
-        chunked = a.chunked_prefill_size or DEFAULT_CHUNKED_PREFILL
+        v56 = a.sim_version == "0.5.6"
+        device = getattr(a, "device", None) or "cuda"
+        cuda_graph = not getattr(a, "disable_cuda_graph", False)
+        if v56:
+            chunked = a.chunked_prefill_size or DEFAULT_CHUNKED_PREFILL
+        else:
+            chunked = a.chunked_prefill_size or default_chunked_prefill_v23(a.sim_gpu_total_gb)
         fraction = a.mem_fraction_static
         if fraction is None:
-            fraction = default_fraction(a.sim_gpu_total_gb, chunked, a.tp_size)
+            if v56:
+                fraction = default_fraction(a.sim_gpu_total_gb, chunked, a.tp_size)
+            else:
+                fraction = default_fraction_v23(a.sim_gpu_total_gb, chunked, a.tp_size, cuda_graph=cuda_graph)
         graph_gb = a.sim_graph_gb
         if graph_gb is None:
             graph_gb = a.sim_gpu_total_gb * (1 - SEED_FRACTION) - SEED_HEADROOM_GB
+        if not cuda_graph:
+            graph_gb = 0.0
         sglang_args = {k: v for k, v in vars(a).items() if not k.startswith("sim_")}
         sglang_args["mem_fraction_static"] = fraction
         sglang_args["chunked_prefill_size"] = chunked
+        if not v56 and sglang_args.get("hicache_ratio") is None:
+            sglang_args["hicache_ratio"] = 2.0
         fp8 = a.kv_cache_dtype.startswith("fp8")
         return cls(
             sglang_args=sglang_args,
@@ -236,7 +351,7 @@ class SimConfig:
             context_len=a.context_length or DEFAULT_CONTEXT_LEN,
             kv_bytes_per_token=KV_BYTES_PER_TOKEN // 2 if fp8 else KV_BYTES_PER_TOKEN,
             hicache_size_gb=a.hicache_size,
-            hicache_ratio=a.hicache_ratio,
+            hicache_ratio=a.hicache_ratio if a.hicache_ratio is not None else 2.0,
             hicache=a.enable_hierarchical_cache,
             gpu_dir=a.sim_gpu_dir,
             gpus=a.sim_gpus,
@@ -252,6 +367,11 @@ class SimConfig:
             log_rate=a.sim_log_rate,
             flood=a.sim_flood,
             kernel_log=a.sim_kernel_log,
+            memory_events=a.sim_memory_events,
+            drain_poll_s=a.sim_drain_poll_s,
+            device=device,
+            cuda_graph=cuda_graph,
+            skip_warmup=bool(getattr(a, "skip_server_warmup", False)),
             health_delay_s=a.sim_health_delay_s,
             health_timeout_s=a.sim_health_timeout_s,
             host_mem_gb=a.sim_host_mem_gb,
@@ -272,6 +392,7 @@ class RankMemory:
     graph_gb: float
     kv_bytes_per_token: int
     max_total_tokens: int | None = None
+    slack_from_free: bool = False  # 0.5.23: slack = pre_model_load_memory x (1 - fraction)
 
     @property
     def avail_after_weights_gb(self) -> float:
@@ -280,7 +401,13 @@ class RankMemory:
     @property
     def profiled_kv_gb(self) -> float:
         """What the static pool leaves for the KV cache: SGLang's ``rest_memory``."""
-        return self.avail_after_weights_gb - self.total_gb * (1 - self.fraction)
+        base = self.free_at_start_gb if self.slack_from_free else self.total_gb
+        return self.avail_after_weights_gb - base * (1 - self.fraction)
+
+    @property
+    def minimum_fraction(self) -> float:
+        """0.5.23's ``minimum viable = 1 - available/pre``: the fraction where rest_memory hits 0."""
+        return 1 - self.avail_after_weights_gb / self.free_at_start_gb
 
     @property
     def kv_tokens(self) -> int:
@@ -320,7 +447,10 @@ def emit(text: str) -> None:
 
 def log(msg: str, tag: str | None = None) -> None:
     """An SGLang log line: ``[YYYY-mm-dd HH:MM:SS TPn] msg`` (no tag in the main process)."""
-    now = time.strftime("%Y-%m-%d %H:%M:%S")
+    t = time.time()  # wall-clock timestamp, as SGLang's logging prints it
+    now = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    if _env_bool("SGLANG_LOG_MS", False):  # SGLang's ``maybe_ms``
+        now += f".{int(t * 1000) % 1000:03d}"
     emit(f"[{now} {tag}] {msg}" if tag else f"[{now}] {msg}")
 
 
@@ -328,6 +458,30 @@ def append_line(path: str | None, line: str) -> None:
     if path:
         with open(path, "a") as f:
             f.write(line + "\n")
+
+
+def read_memory_events(path: str) -> dict[str, int]:
+    """A cgroup v2 ``memory.events`` file (``key value`` lines) as a dict; missing keys are 0."""
+    counts = dict.fromkeys(MEMORY_EVENTS_KEYS, 0)
+    with contextlib.suppress(FileNotFoundError):
+        for line in open(path).read().splitlines():
+            key, _, value = line.partition(" ")
+            with contextlib.suppress(ValueError):
+                counts[key] = int(value)
+    return counts
+
+
+def bump_memory_events(path: str) -> None:
+    """What the kernel does to the cgroup's ``memory.events`` on an OOM kill: ``oom`` and
+    ``oom_kill`` go up by one. Created in the cgroup v2 format if missing; written atomically."""
+    counts = read_memory_events(path)
+    counts["oom"] += 1
+    counts["oom_kill"] += 1
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".memory.events.{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write("".join(f"{k} {v}\n" for k, v in counts.items()))
+    os.replace(tmp, path)
 
 
 def crash_stamp(path: str | None) -> None:
@@ -402,6 +556,41 @@ LOAD_FILE_FRAMES = LOAD_FRAMES + (
     (f"{SGLANG}/model_loader/weight_utils.py", 481, "safetensors_weights_iterator",
      'with safe_open(st_file, framework="pt") as f:'),
 )
+_SCHED23 = f"{SGLANG}/managers/scheduler.py"
+POOL_FRAMES_V23: tuple[Frame, ...] = (
+    (_SCHED23, 6362, "run_scheduler_process", "scheduler = Scheduler(server_args, port_args)"),
+    (_SCHED23, 568, "__init__", "self.init_model_worker()"),
+    (_SCHED23, 1137, "init_model_worker", "self.init_memory_pools()"),
+    (_SCHED23, 1090, "init_memory_pools", "self.tp_worker.alloc_memory_pool("),
+    (_WORKER, 409, "alloc_memory_pool", "self.model_runner.alloc_memory_pool("),
+    (_RUNNER, 982, "alloc_memory_pool", "result = self.kv_cache_configurator.configure("),
+    (f"{SGLANG}/mem_cache/kv_cache_configurator.py", 476, "configure",
+     "config = self._resolve_memory_pool_config(pre_model_load_memory)"),
+    (f"{SGLANG}/mem_cache/kv_cache_configurator.py", 3182, "_resolve_memory_pool_config",
+     "available_bytes = self._profile_available_bytes(pre_model_load_memory)"),
+    (f"{SGLANG}/mem_cache/kv_cache_configurator.py", 3050, "_profile_available_bytes", "raise ValueError("),
+)
+POOL_ZERO_FRAMES_V23: tuple[Frame, ...] = POOL_FRAMES_V23[:7] + (
+    (f"{SGLANG}/mem_cache/kv_cache_configurator.py", 477, "configure", "return KVCacheConfigResult("),
+    ("<string>", 12, "__init__", ""),
+    (f"{SGLANG}/model_executor/pool_configurator.py", 99, "__post_init__", "raise RuntimeError(msg)"),
+)
+CRASH_HOOK_FRAMES: tuple[Frame, ...] = (
+    (_SCHED23, 6368, "run_scheduler_process", "scheduler.run_event_loop()"),
+    (_SCHED23, 1996, "run_event_loop", "dispatch_event_loop(self)"),
+    (f"{SGLANG}/managers/scheduler_components/event_loop_dispatch.py", 41, "dispatch_event_loop",
+     "scheduler.event_loop_overlap()"),
+    _TORCH_CTX,
+    (_SCHED23, 2071, "event_loop_overlap", "self.process_batch_result(tmp_batch, tmp_result)"),
+    (_SCHED23, 5092, "process_batch_result", "self.batch_result_processor.process_batch_result_decode(batch, result)"),
+    (f"{SGLANG}/managers/scheduler_components/batch_result_processor.py", 1041, "process_batch_result_decode",
+     "self.stream_output(batch.reqs, batch.return_logprob)"),
+    (_SCHED23, 2481, "<lambda>", "stream_output=lambda *a, **kw: self.output_streamer.stream_output(*a, **kw),"),
+    (f"{SGLANG}/managers/scheduler_components/output_streamer.py", 148, "stream_output",
+     "self._trigger_crash_for_tests("),
+    (f"{SGLANG}/managers/scheduler_components/output_streamer.py", 157, "_trigger_crash_for_tests",
+     "raise RuntimeError("),
+)
 POOL_FRAMES = INIT_FRAMES + (
     (_RUNNER, 447, "initialize", "self.init_memory_pool("),
     (_RUNNER, 1402, "init_memory_pool", "raise RuntimeError("),
@@ -430,6 +619,13 @@ RUNTIME_FRAMES: tuple[Frame, ...] = (
     (_RUNNER, 1989, "forward_extend", "return self.model.forward("),
     _TORCH_CTX,
     (_DEEPSEEK, 2919, "forward", "hidden_states = self.model("),
+)
+STACK_FRAMES: tuple[Frame, ...] = (  # an idle 0.5.23 scheduler, as py-spy shows it
+    (_SCHED23, 6368, "run_scheduler_process", ""),
+    (_SCHED23, 1996, "run_event_loop", ""),
+    (_SCHED23, 2064, "event_loop_overlap", ""),
+    (f"{SGLANG}/managers/scheduler_components/request_receiver.py", 118, "recv_requests", ""),
+    ("/usr/local/lib/python3.12/dist-packages/zmq/sugar/socket.py", 1080, "recv_pyobj", ""),
 )
 GRAPH_HINT = (
     "\nPossible solutions:\n"
@@ -467,18 +663,26 @@ class Rank:
     tp: int
     dp_size: int
     gpu: int
-
-    @property
-    def name(self) -> str:
-        return f"scheduler_DP{self.dp}_TP{self.tp}" if self.dp_size > 1 else f"scheduler_TP{self.tp}"
-
-    @property
-    def title(self) -> str:
-        return f"sglang::{self.name}"
+    tp_size: int = 1
+    v56: bool = True
 
     @property
     def tag(self) -> str:
-        return f"DP{self.dp} TP{self.tp}" if self.dp_size > 1 else f"TP{self.tp}"
+        """The log prefix after the time. 0.5.23 (configure_scheduler_process): ``DPn`` when DP
+        is on, ``TPn`` only when tp_size > 1, so nothing at TP 1. 0.5.6: ``TPn`` always."""
+        if self.v56:
+            return f"DP{self.dp} TP{self.tp}" if self.dp_size > 1 else f"TP{self.tp}"
+        parts = ([f"DP{self.dp}"] if self.dp_size > 1 else []) + ([f"TP{self.tp}"] if self.tp_size > 1 else [])
+        return " ".join(parts)
+
+    @property
+    def name(self) -> str:
+        return "scheduler" + "".join(f"_{part}" for part in self.tag.split())
+
+    @property
+    def title(self) -> str:
+        """``sglang::scheduler{prefix.replace(' ', '_')}``: ``sglang::scheduler`` at TP 1 in 0.5.23."""
+        return f"sglang::{self.name}"
 
     @property
     def leader(self) -> bool:
@@ -487,7 +691,7 @@ class Rank:
 
 def plan_ranks(cfg: SimConfig) -> list[Rank]:
     return [
-        Rank(dp, tp, cfg.dp_size, cfg.base_gpu_id + dp * cfg.tp_size + tp)
+        Rank(dp, tp, cfg.dp_size, cfg.base_gpu_id + dp * cfg.tp_size + tp, cfg.tp_size, cfg.version == "0.5.6")
         for dp in range(cfg.dp_size)
         for tp in range(cfg.tp_size)
     ]
@@ -500,18 +704,41 @@ class Child:
     sock: socket.socket  # the main process's end of the pair
     rank: Rank | None = None
     facts: dict[str, Any] = field(default_factory=dict)
+    watch_name: str | None = None  # 0.5.23's SubprocessWatchdog name (scheduler_0, detokenizer), if watched
 
 
-def _set_pdeathsig() -> None:
-    """Die with SIGKILL when the parent dies (Linux prctl PR_SET_PDEATHSIG)."""
+def _set_pdeathsig(sig: int = int(signal.SIGKILL)) -> None:
+    """Die with ``sig`` when the parent dies (Linux prctl PR_SET_PDEATHSIG; 0 clears it)."""
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)
+    libc.prctl(1, sig, 0, 0, 0)
 
 
-def _child_setup(title: str, parent_pid: int, pdeathsig: bool) -> None:
+TEARDOWN_SIGNAL = signal.SIGUSR2  # main -> child: "you are SIGKILLed" (0.5.23 mode)
+
+
+def _teardown_handler(ack_fd: int) -> Callable[[int, Any], None]:
+    """A SIGKILLed SGLang child takes ~1.5 s to go (it holds GBs of memory; measured on the real
+    server): it must not die with its parent (PDEATHSIG), it says so to the parent through
+    ``ack_fd``, prints nothing more, and dies by SIGKILL after SGLANG_SIM_CHILD_TEARDOWN_S."""
+    def handler(signum: int, frame: Any) -> None:
+        _set_pdeathsig(0)
+        with contextlib.suppress(OSError):
+            os.write(ack_fd, b"k")
+        time.sleep(max(0.0, _env_float(ENV_TEARDOWN, 1.5)))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return handler
+
+
+def _child_setup(title: str, parent_pid: int, pdeathsig: bool, *, v56: bool = True, ack_fd: int | None = None) -> None:
     setproctitle(title)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, signal.SIG_IGN)  # the main process drains and then ends us
+    if v56:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)  # the main process drains and then ends us
+    else:  # 0.5.23: schedulers and detokenizer have no SIGTERM handler: a group SIGTERM kills them
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if ack_fd is not None:
+            signal.signal(TEARDOWN_SIGNAL, _teardown_handler(ack_fd))
     signal.signal(signal.SIGQUIT, signal.SIG_DFL)
     if pdeathsig:
         _set_pdeathsig()
@@ -557,11 +784,16 @@ class Scheduler:
         self.decode_steps = 0
         self.generated_since_log = 0
         self.last_log_time = time.monotonic()
+        self.stream_outputs = 0  # SGLANG_TEST_CRASH_AFTER_STREAM_OUTPUTS counts these
+        try:
+            self.crash_after = int(os.environ.get(ENV_TEST_CRASH) or 0)
+        except ValueError:
+            self.crash_after = 0
 
     # -- plumbing
 
     def log(self, msg: str) -> None:
-        log(msg, self.rank.tag)
+        log(msg, self.rank.tag or None)
 
     def send(self, msg: dict[str, Any]) -> None:
         with contextlib.suppress(OSError):
@@ -576,8 +808,15 @@ class Scheduler:
     def quit_parent(self, traceback: str) -> NoReturn:
         """SGLang's ``except`` in run_scheduler_process: log, SIGQUIT the parent, wait to be killed."""
         self.log(f"Scheduler hit an exception: {traceback}")
+        if self.cfg.version != "0.5.6":  # the crash is now, not the tree kill seconds later
+            crash_stamp(self.cfg.crash_stamp)
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.parent_pid, signal.SIGQUIT)
+        if self.cfg.version != "0.5.6" and not self.orphan:
+            # 0.5.23: the except/finally of run_scheduler_process end, and the process exits 0
+            # (after a moment of cleanup) unless the parent's tree kill comes first.
+            time.sleep(0.2)
+            os._exit(0)
         while True:  # the parent's tree kill ends us; an orphan keeps holding its memory
             signal.pause()
 
@@ -631,11 +870,15 @@ class Scheduler:
 
     def init(self) -> RankMemory:
         cfg, v56 = self.cfg, self.cfg.version == "0.5.6"
-        self.log("Init torch distributed begin.")
+        self.log("Init torch distributed begin." if v56 else "Init parallel begin.")
         free = self.free_gb_on_card()
         total = self.total_gb_on_card()
         time.sleep(0.02)
-        self.log(f"Init torch distributed ends. mem usage={total - free if v56 else 0.0:.2f} GB")
+        if v56:
+            self.log(f"Init torch distributed ends. mem usage={total - free:.2f} GB")
+        else:
+            self.log("Init parallel ends. elapsed=0.02 s")
+            self.log("Memory baseline taken. mem usage=0.00 GB")
         self.log(f"Load weight begin. avail mem={free:.2f} GB")
         time.sleep(cfg.load_s)
         if cfg.fail == "model_load":
@@ -647,28 +890,56 @@ class Scheduler:
             msg = cuda_oom_message(tried, self.rank.gpu, total * GIB, min(free * GIB, tried / 3), 0)
             raise InitFailure(render_traceback(LOAD_OOM_FRAMES, f"torch.OutOfMemoryError: {msg}"))
         mem = RankMemory(total, free, cfg.weights_gb, cfg.fraction, cfg.graph_gb, cfg.kv_bytes_per_token,
-                         cfg.max_total_tokens)
+                         cfg.max_total_tokens, slack_from_free=not v56)
         self.write_gpu(mem.weights_gb)
         elapsed = f"elapsed={cfg.load_s:.2f} s, " if not v56 else ""
         dtype = "dtype=torch.bfloat16, " if v56 else ""
         self.log(f"Load weight end. {elapsed}type={MODEL_TYPE}, {dtype}avail mem={mem.avail_after_weights_gb:.2f} GB, "
                  f"mem usage={mem.weights_gb:.2f} GB.")
-        if cfg.fail == "kv_pool" or mem.profiled_kv_gb < cfg.min_kv_gb:
+        if v56 and (cfg.fail == "kv_pool" or mem.profiled_kv_gb < cfg.min_kv_gb):
             exc = ("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
                    f"Current value: self.server_args.mem_fraction_static={cfg.fraction}")
             raise InitFailure(render_traceback(POOL_FRAMES, exc))
+        if not v56:
+            self.check_pool_v23(mem)
         half = mem.kv_gb / 2
         kv_dtype = "" if v56 else "dtype: torch.bfloat16, "
         self.log(f"KV Cache is allocated. {kv_dtype}#tokens: {mem.kv_tokens}, K size: {half:.2f} GB, V size: {half:.2f} GB")
         self.log(f"Memory pool end. avail mem={mem.avail_after_pool_gb:.2f} GB")
         self.write_gpu(mem.weights_gb + mem.kv_gb)
         self.alloc_host_pool(mem)
-        self.capture_graphs(mem)
+        if cfg.cuda_graph:
+            self.capture_graphs(mem)
         self.write_gpu(mem.held_gb)
-        self.log(f"max_total_num_tokens={mem.kv_tokens}, chunked_prefill_size={cfg.chunked_prefill}, "
-                 f"max_prefill_tokens=16384, max_running_requests={cfg.max_running}, "
-                 f"context_len={cfg.context_len}, available_gpu_mem={mem.headroom_gb:.2f} GB")
+        if v56 or self.rank.tp == 0:  # 0.5.23 logs the summary on TP rank 0 only
+            avail = "available_cpu_mem" if cfg.device == "cpu" else "available_gpu_mem"
+            self.log(f"max_total_num_tokens={mem.kv_tokens}, chunked_prefill_size={cfg.chunked_prefill}, "
+                     f"max_prefill_tokens=16384, max_running_requests={cfg.max_running}, "
+                     f"context_len={cfg.context_len}, {avail}={mem.headroom_gb:.2f} GB")
         return mem
+
+    def check_pool_v23(self, mem: RankMemory) -> None:
+        """0.5.23's KV-pool guards (kv_cache_configurator.py, pool_configurator.py).
+
+        ``rest_memory = available - pre x (1 - fraction)``; at or below 0 it is the "Loaded weights
+        leave no GPU memory" ValueError naming the minimum viable fraction, a pool of no token at
+        all is the older "Not enough memory" RuntimeError. ``--sim-fail kv_pool`` forces the
+        ValueError as if the weights needed 0.02 more of the card than the fraction gives.
+        """
+        cfg = self.cfg
+        forced = cfg.fail == "kv_pool"
+        if forced or mem.profiled_kv_gb <= 0:
+            minimum = min(0.9999, cfg.fraction + 0.02) if forced else mem.minimum_fraction
+            suggested = math.ceil(minimum * 1000) / 1000
+            exc = ("ValueError: Loaded weights leave no GPU memory for the KV cache under "
+                   f"--mem-fraction-static={cfg.fraction}. Raise --mem-fraction-static above {suggested:.3f} "
+                   f"(minimum viable = 1 - available/pre = {minimum:.4f}). If using speculative decoding, "
+                   "draft weights are now counted.")
+            raise InitFailure(render_traceback(POOL_FRAMES_V23, exc))
+        if mem.kv_tokens <= 0:
+            exc = ("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+                   f"Current value: mem_fraction_static={cfg.fraction}")
+            raise InitFailure(render_traceback(POOL_ZERO_FRAMES_V23, exc))
 
     def alloc_host_pool(self, mem: RankMemory) -> None:
         cfg = self.cfg
@@ -776,8 +1047,7 @@ class Scheduler:
         if not tokens:
             return
         usage = (self.used_tokens() + tokens) / max(capacity, 1)
-        self.log(f"Prefill batch. #new-seq: {seqs}, #new-token: {tokens}, #cached-token: 0, "
-                 f"token usage: {usage:.2f}, #running-req: {len(self.running)}, #queue-req: {len(self.waiting)}, ")
+        self.log_prefill(seqs, tokens, usage)
         activation = tokens * self.cfg.act_bytes_per_token
         if activation > self.mem.headroom_gb * GIB:
             self.runtime_oom(activation)
@@ -787,16 +1057,27 @@ class Scheduler:
             self.running.append(req)
         self.next_decode = time.monotonic()
         self.finish([r for r in finished if r.generated >= r.max_new])
+        self.stream_output()
 
     def decode(self) -> None:
         for req in self.running:
             req.generated += 1
         self.generated_since_log += len(self.running)
         self.finish([r for r in self.running if r.generated >= r.max_new])
+        self.stream_output()
         self.decode_steps += 1
         if self.decode_steps % DECODE_LOG_INTERVAL == 0:
             self.log_decode()
         self.next_decode = time.monotonic() + DECODE_STEP_S
+
+    def stream_output(self) -> None:
+        """SGLang's OutputStreamer.stream_output, once per processed batch, with its test hook."""
+        if self.crash_after <= 0:
+            return
+        self.stream_outputs += 1
+        if self.stream_outputs >= self.crash_after:
+            exc = f"RuntimeError: Test crash after stream_output called {self.stream_outputs} times"
+            self.quit_parent(render_traceback(CRASH_HOOK_FRAMES, exc))
 
     def finish(self, done: list[Req]) -> None:
         for req in done:
@@ -809,8 +1090,27 @@ class Scheduler:
         self.generated_since_log, self.last_log_time = 0, now
         capacity = self.mem.kv_tokens if self.mem else 1
         used = self.used_tokens()
-        self.log(f"Decode batch. #running-req: {len(self.running)}, #token: {used}, token usage: {used / max(capacity, 1):.2f}, "
-                 f"cuda graph: True, gen throughput (token/s): {throughput:.2f}, #queue-req: {len(self.waiting)}, ")
+        if self.cfg.version == "0.5.6":
+            self.log(f"Decode batch. #running-req: {len(self.running)}, #token: {used}, token usage: {used / max(capacity, 1):.2f}, "
+                     f"cuda graph: True, gen throughput (token/s): {throughput:.2f}, #queue-req: {len(self.waiting)}, ")
+            return
+        self.log(f"Decode batch, #running-req: {len(self.running)}, #token: {used}, token usage: {used / max(capacity, 1):.2f}, "
+                 f"{self.graph_word()}: {self.cfg.cuda_graph}, gen throughput (token/s): {throughput:.2f}, "
+                 f"#queue-req: {len(self.waiting)}, ")
+
+    def graph_word(self) -> str:
+        return "cpu graph" if self.cfg.device == "cpu" else "cuda graph"
+
+    def log_prefill(self, seqs: int, tokens: int, usage: float) -> None:
+        """0.5.6: ``Prefill batch. #new-seq: ...``; 0.5.23 (metrics_reporter.py): ``Prefill batch, ...``
+        with ``#pending-token``, the graph flag and the input throughput."""
+        if self.cfg.version == "0.5.6":
+            self.log(f"Prefill batch. #new-seq: {seqs}, #new-token: {tokens}, #cached-token: 0, "
+                     f"token usage: {usage:.2f}, #running-req: {len(self.running)}, #queue-req: {len(self.waiting)}, ")
+            return
+        self.log(f"Prefill batch, #new-seq: {seqs}, #new-token: {tokens}, #cached-token: 0, token usage: {usage:.2f}, "
+                 f"#running-req: {len(self.running)}, #queue-req: {len(self.waiting)}, #pending-token: 0, "
+                 f"{self.graph_word()}: False, input throughput (token/s): {tokens / (tokens * PREFILL_S_PER_TOKEN + BATCH_WINDOW_S):.2f}")
 
     # -- failures
 
@@ -826,22 +1126,32 @@ class Scheduler:
             self.host_oom()
         # runtime_oom / orphan / stuck: a full chunk arrives, as if load had come
         tokens = self.cfg.chunked_prefill
-        self.log(f"Prefill batch. #new-seq: {max(1, tokens // 512)}, #new-token: {tokens}, #cached-token: 0, "
-                 f"token usage: 0.00, #running-req: {len(self.running)}, #queue-req: 0, ")
+        self.log_prefill(max(1, tokens // 512), tokens, 0.0)
         self.runtime_oom(max(tokens * self.cfg.act_bytes_per_token, (self.mem.headroom_gb + 0.25) * GIB))
 
     def host_oom(self) -> NoReturn:
-        """The kernel OOM killer takes this scheduler: no traceback, just SIGKILL."""
+        """The kernel OOM killer takes this scheduler: no traceback, just SIGKILL.
+
+        The evidence a real OOM kill leaves, where asked for: a kernel-log line in
+        ``--sim-kernel-log`` / SGLANG_SIM_KERNEL_LOG, and ``oom``/``oom_kill`` bumped in the
+        cgroup v2 ``memory.events`` file named by ``--sim-memory-events`` /
+        SGLANG_SIM_MEMORY_EVENTS. Without either it is a bare SIGKILL, which nothing tells
+        apart from any other ``kill -9``.
+        """
         vm_kb = int(self.cfg.total_gb * 1.9 * 1024 * 1024)
         rss_kb = int(self.cfg.hicache_size_gb * 1024 * 1024 + 20 * 1024 * 1024)
+        comm = self.rank.title[:15]  # what the kernel prints: /proc/PID/comm, 15 characters
         append_line(
             self.cfg.kernel_log,
-            f"[{time.monotonic():12.6f}] Out of memory: Killed process {os.getpid()} (sglang::schedul) "
-            f"total-vm:{vm_kb}kB, anon-rss:{rss_kb}kB, file-rss:81920kB, shmem-rss:0kB, UID:0 "
+            f"[{time.monotonic():12.6f}] Out of memory: Killed process {os.getpid()} ({comm}) "
+            f"total-vm:{vm_kb}kB, anon-rss:{rss_kb}kB, file-rss:81920kB, shmem-rss:0kB, UID:{os.getuid()} "
             f"pgtables:{rss_kb // 512}kB oom_score_adj:0",
         )
-        if self.cfg.version == "0.5.6":  # nobody notices until /health times out: stamp now
-            crash_stamp(self.cfg.crash_stamp)
+        if self.cfg.memory_events:
+            bump_memory_events(self.cfg.memory_events)
+        # 0.5.6: nobody notices until /health times out; 0.5.23: the crash is this death, not the
+        # tree kill that follows seconds later. Either way: stamp now.
+        crash_stamp(self.cfg.crash_stamp)
         os.kill(os.getpid(), signal.SIGKILL)
         raise AssertionError("unreachable")
 
@@ -857,6 +1167,9 @@ class Launcher:
         self.children: list[Child] = []
         self.phase = "launch"  # -> "serving" once HTTP is up (SGLang's running-phase handler)
         self.skip_pids: set[int] = set()  # the orphan survives the tree kill
+        self.v56 = cfg.version == "0.5.6"
+        self.ack_r, self.ack_w = (-1, -1) if self.v56 else os.pipe()  # children's teardown acks
+        self.monitor_stopped = False  # SGLang stops its SubprocessWatchdog before a tree kill
 
     def fork(self, name: str, title: str, target: Callable[[socket.socket], int], *, pdeathsig: bool = True,
              rank: Rank | None = None) -> Child:
@@ -870,7 +1183,7 @@ class Launcher:
                 for c in self.children:
                     c.sock.close()
                 ours.close()
-                _child_setup(title, parent, pdeathsig)
+                _child_setup(title, parent, pdeathsig, v56=self.v56, ack_fd=None if self.v56 else self.ack_w)
                 code = target(theirs)
             finally:
                 os._exit(code)
@@ -894,6 +1207,13 @@ class Launcher:
             if orphan:
                 self.skip_pids.add(child.pid)
         self.fork("detokenizer", "sglang::detokenizer", _idle_child)
+        # 0.5.23 watches ``scheduler_{i}`` for each process it started for the schedulers (the DP
+        # controller alone when dp > 1: the schedulers are its children there, so their deaths
+        # go unseen) and ``detokenizer``.
+        watched = [c for c in self.children if c.name == "data_parallel_controller"] or self.schedulers
+        for i, c in enumerate(watched):
+            c.watch_name = f"scheduler_{i}"
+        self.children[-1].watch_name = "detokenizer"
 
     @property
     def schedulers(self) -> list[Child]:
@@ -901,20 +1221,127 @@ class Launcher:
 
     def on_sigquit(self, signum: int, frame: object) -> None:
         signal.signal(signal.SIGQUIT, signal.SIG_IGN)  # other ranks may SIGQUIT us too: die once
-        if self.phase == "launch":
+        if self.v56:
+            if self.phase == "launch":
+                log("Received sigquit from a child process. It usually means the child failed.")
+            else:
+                log(f"SIGQUIT received. signum={signum}, frame={FRAME_REPR}. It usually means one child failed.")
+            self.die(None)
+        if self.phase == "launch":  # engine.py's launch_phase_sigquit_handler
             log("Received sigquit from a child process. It usually means the child failed.")
-        else:
-            log(f"SIGQUIT received. signum={signum}, frame={FRAME_REPR}. It usually means one child failed.")
-        self.die(None)
+        else:  # tokenizer_manager.py's running_phase_sigquit_handler (loop.add_signal_handler: no args)
+            log("SIGQUIT received. signum=None, frame=None. It usually means one child failed.")
+            self.monitor_stopped = True
+            self.crash_diagnostics()
+        self.kill_process_tree(include_parent=True)
 
-    def kill_children(self) -> None:
-        """SGLang's kill_process_tree: SIGKILL every descendant (but an orphan), then reap them."""
+    def live_schedulers(self) -> list[psutil.Process]:
+        """cudacore_pyspy_dump_utils.collect_scheduler_processes: live ``sglang::scheduler*`` descendants."""
+        out = []
         with contextlib.suppress(psutil.Error):
             for p in psutil.Process().children(recursive=True):
-                if p.pid not in self.skip_pids:
-                    with contextlib.suppress(psutil.Error):
+                with contextlib.suppress(psutil.Error):
+                    if p.status() != psutil.STATUS_ZOMBIE and " ".join(p.cmdline()).startswith("sglang::scheduler"):
+                        out.append(p)
+        return out
+
+    def crash_diagnostics(self) -> None:
+        """0.5.23's dump_requests_before_crash: with SGLANG_PYSPY_DUMP_BEFORE_CRASH or
+        SGLANG_CUDA_COREDUMP_BEFORE_CRASH on (both default on), sleep 5 s, then py-spy the live
+        schedulers and ask for CUDA coredumps, waiting SGLANG_CUDA_COREDUMP_BEFORE_CRASH_WAIT_SECS
+        (60 s) for them. With both off it returns at once. This blocks the event loop, as in SGLang."""
+        pyspy = _env_bool(ENV_PYSPY, True)
+        coredump = _env_bool(ENV_COREDUMP, True)
+        if not (pyspy or coredump):  # (--crash-dump-folder's request dump is not simulated)
+            return
+        log("Sleeping 5 seconds before crash diagnostics to let GPU activity settle.")
+        time.sleep(max(0.0, _env_float(ENV_DIAG_SLEEP, 5.0)))
+        procs = self.live_schedulers()
+        if not procs:
+            log("No live scheduler processes found; skipping py-spy and CUDA coredump.")
+            return
+        if pyspy:
+            for p in procs:
+                self.pyspy_dump(p)
+        if coredump:
+            if os.environ.get("CUDA_ENABLE_USER_TRIGGERED_COREDUMP") != "1":
+                log("CUDA user-triggered coredump is not enabled. Set CUDA_ENABLE_USER_TRIGGERED_COREDUMP=1 "
+                    "before CUDA initialization.")
+            for p in procs:
+                pipe = os.path.join(os.getcwd(), f"corepipe.cuda.{socket.gethostname()}.{p.pid}")
+                log(f"CUDA coredump pipe not found for PID {p.pid}: {pipe}. Ensure "
+                    "CUDA_ENABLE_USER_TRIGGERED_COREDUMP=1 was set before this process initialized CUDA.")
+            wait_s = _env_float(ENV_COREDUMP_WAIT, 60.0)
+            if wait_s > 0:
+                log(f"Waiting {wait_s:.1f} seconds for CUDA coredumps before exiting.")
+                time.sleep(wait_s)
+
+    def pyspy_dump(self, p: psutil.Process) -> None:
+        """py-spy's stack dump of one scheduler, as SGLang logs it; its failure when py-spy is absent."""
+        for attempt, flag in enumerate(["--native", ""]):
+            cmd = f"py-spy dump {flag} --pid {p.pid}".replace("  ", " ")
+            if shutil.which("py-spy") is None:
+                log(f"Pyspy failed ({cmd}). Error: /bin/sh: 1: py-spy: not found\n")
+                if attempt == 1:
+                    log(f"All pyspy dump attempts failed for PID {p.pid}.")
+                continue
+            title = " ".join(p.cmdline()).strip()
+            stack = "\n".join(f"    {func} ({path.rsplit('/', 1)[-1]}:{line})"
+                              for path, line, func, _ in reversed(STACK_FRAMES))
+            log(f"Pyspy dump for PID {p.pid} ({cmd}):\nProcess {p.pid}: {title}\n"
+                f"Python v3.12.3 (/usr/bin/python3.12)\n\nThread {p.pid} (idle): \"MainThread\"\n{stack}\n")
+            return
+
+    def kill_process_tree(self, *, include_parent: bool, stamp: bool = False, teardown: bool = True) -> None:
+        """0.5.23's kill_process_tree(os.getpid(), include_parent): log the call, SIGKILL every
+        descendant, then SIGKILL ourselves at once (exit status -9), or, without the parent,
+        wait until the children are reaped and return. With ``teardown`` the children take
+        SGLANG_SIM_CHILD_TEARDOWN_S (1.5 s) to go; without, they go at once (what the real CPU
+        server's drain and port-clash exits show)."""
+        pid = os.getpid()
+        log(f"kill_process_tree called: parent_pid={pid}, include_parent={include_parent}, pid={pid}")
+        self.kill_children(teardown=teardown)
+        if stamp:
+            crash_stamp(self.cfg.crash_stamp)
+        if include_parent:
+            os.kill(pid, signal.SIGKILL)
+            raise AssertionError("unreachable")
+        self.reap(_env_float(ENV_TEARDOWN, 1.5) + REAP_WAIT_S)
+
+    def kill_children(self, *, teardown: bool = True) -> None:
+        """SGLang's kill_process_tree: SIGKILL every descendant (but an orphan), then reap them.
+
+        0.5.23 mode: a SIGKILLed SGLang child takes ~1.5 s to go (measured), so each one is told
+        instead (TEARDOWN_SIGNAL): it stops PDEATHSIG, acknowledges, and dies 1.5 s later. We
+        return once they all acknowledged, without waiting for them.
+        """
+        if self.v56 or not teardown:
+            with contextlib.suppress(psutil.Error):
+                for p in psutil.Process().children(recursive=True):
+                    if p.pid not in self.skip_pids:
+                        with contextlib.suppress(psutil.Error):
+                            p.kill()
+            self.reap(REAP_WAIT_S)
+            return
+        told = 0
+        with contextlib.suppress(psutil.Error):
+            for p in psutil.Process().children(recursive=True):
+                if p.pid in self.skip_pids:
+                    continue
+                with contextlib.suppress(psutil.Error):
+                    if p.status() == psutil.STATUS_ZOMBIE:
+                        continue
+                    if p.ppid() == os.getpid() and any(c.pid == p.pid for c in self.children):
+                        p.send_signal(TEARDOWN_SIGNAL)
+                        told += 1
+                    else:  # not one of ours (a grandchild): plain SIGKILL
                         p.kill()
-        self.reap(REAP_WAIT_S)
+        deadline = time.monotonic() + 1.0
+        acks = 0
+        while acks < told and time.monotonic() < deadline:
+            ready, _, _ = select.select([self.ack_r], [], [], max(0.0, deadline - time.monotonic()))
+            if ready:
+                acks += len(os.read(self.ack_r, 64))
 
     def reap(self, timeout: float) -> None:
         pending = {c.pid for c in self.children} - self.skip_pids
@@ -932,12 +1359,37 @@ class Launcher:
 
     def die(self, code: int | None, *, stamp: bool = True) -> NoReturn:
         """Kill the tree and end: ``code=None`` SIGKILLs ourselves, like SGLang (exit status -9)."""
+        if not self.v56:
+            if code is None:
+                self.kill_process_tree(include_parent=True, stamp=stamp)
+            pid = os.getpid()
+            log(f"kill_process_tree called: parent_pid={pid}, include_parent=False, pid={pid}")
+            self.kill_children()
+            self.reap(_env_float(ENV_TEARDOWN, 1.5) + REAP_WAIT_S)
+            if stamp:
+                crash_stamp(self.cfg.crash_stamp)
+            os._exit(code or 0)
         self.kill_children()
         if stamp:
             crash_stamp(self.cfg.crash_stamp)
         if code is None:
             os.kill(os.getpid(), signal.SIGKILL)
         os._exit(code or 0)
+
+    def wait_schedulers_gone(self, timeout: float) -> None:
+        """Wait (up to ``timeout``) until no scheduler is alive, reaping the ones that exited."""
+        deadline = time.monotonic() + timeout
+        pending = {c.pid for c in self.schedulers} - self.skip_pids
+        while pending and time.monotonic() < deadline:
+            for pid in list(pending):
+                try:
+                    done, _ = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    done = pid
+                if done:
+                    pending.discard(pid)
+            if pending:
+                time.sleep(0.05)
 
     def close_children(self) -> None:
         """A clean end: close the pipes so children exit on their own (and free their GPU files)."""
@@ -986,6 +1438,8 @@ class Frontend:
         self.state = "launching"  # -> warmup -> serving -> draining
         self.hung = False
         self.inflight = 0
+        self.inflight_rids: set[str] = set()  # 0.5.23's rid_to_state keys, for the drain log
+        self.gracefully_exit = False
         self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.rids = itertools.count(1)
         self.writers: dict[int, asyncio.StreamWriter] = {}  # scheduler pid -> writer
@@ -1053,15 +1507,33 @@ class Frontend:
             elif child.pid not in ready:
                 self.scheduler_died_at_launch(child)
 
+    def exit_with_traceback(self, traceback: str, *, before: Callable[[], None]) -> NoReturn:
+        """An exception out of launch_server: its ``finally`` runs first, then Python prints the
+        traceback and exits 1."""
+        before()
+        emit(traceback)
+        crash_stamp(self.cfg.crash_stamp)
+        os._exit(1)
+
     def scheduler_died_at_launch(self, child: Child) -> NoReturn:
         index = self.launcher.schedulers.index(child)
         _, status = os.waitpid(child.pid, 0)
         code = os.waitstatus_to_exitcode(status)
-        if self.cfg.version == "0.5.6":
-            log(f"Rank {index} scheduler is dead. Please check if there are relevant logs.")
-            log(f"Exit code: {code}")
-        else:
-            log(f"Rank {index} scheduler died during initialization (exit code: {code})")
+        if self.cfg.version != "0.5.6":  # engine.py's _scheduler_died_error, raised out of launch_server
+            self.exit_with_traceback(render_traceback(
+                [(f"{SGLANG}/entrypoints/http_server.py", 2893, "launch_server",
+                  "tokenizer_manager, template_manager, port_args, scheduler_init_result, subprocess_watchdog = ("),
+                 (f"{SGLANG}/entrypoints/engine.py", 1349, "_launch_subprocesses", "scheduler_init_result.wait_for_ready()"),
+                 (f"{SGLANG}/entrypoints/engine.py", 995, "wait_for_ready",
+                  "infos = _wait_for_scheduler_ready(scheduler_pipe_readers, scheduler_procs)"),
+                 (f"{SGLANG}/entrypoints/engine.py", 2029, "_wait_for_scheduler_ready",
+                  "raise _scheduler_died_error(i, scheduler_procs[i])")],
+                f"RuntimeError: Rank {index} scheduler died during initialization (exit code: {code}). "
+                "If exit code is -9 (SIGKILL), a common cause is the OS OOM killer. "
+                "Run `dmesg -T | grep -i oom` to check.",
+            ), before=lambda: self.launcher.kill_process_tree(include_parent=False))
+        log(f"Rank {index} scheduler is dead. Please check if there are relevant logs.")
+        log(f"Exit code: {code}")
         emit(render_traceback(
             [(f"{SGLANG}/entrypoints/http_server.py", 1410, "launch_server",
               "tokenizer_manager, template_manager, scheduler_info = _launch_subprocesses("),
@@ -1088,6 +1560,8 @@ class Frontend:
         r.add_get("/model_info", self.model_info)
         r.add_get("/get_model_info", self.model_info)
         r.add_post("/flush_cache", self.flush_cache)
+        if self.cfg.version != "0.5.6":
+            r.add_post("/freeze_gc", self.freeze_gc)
         if self.cfg.version != "0.5.6":
             r.add_get("/ready", self.ready)
         return app
@@ -1117,6 +1591,9 @@ class Frontend:
 
     async def health(self, request: web.Request) -> web.Response:
         await self.gate()
+        if self.state == "draining" and self.cfg.version != "0.5.6":
+            log("Health check request received during shutdown. Returning 503.")
+            return web.Response(status=503)
         if self.state != "serving":
             return web.Response(status=503)
         started = time.monotonic()
@@ -1163,6 +1640,10 @@ class Frontend:
             "id": self.cfg.served_model_name, "object": "model", "created": int(time.time()),  # wall-clock timestamp (OpenAI field)
             "owned_by": "sglang", "root": self.cfg.model_path, "max_model_len": self.cfg.context_len}]})
 
+    async def freeze_gc(self, request: web.Request) -> web.Response:
+        await self.gate()
+        return web.Response(status=200)
+
     async def flush_cache(self, request: web.Request) -> web.Response:
         await self.gate()
         return web.Response(text="Cache flushed.\nPlease check backend logs for more details. "
@@ -1188,9 +1669,11 @@ class Frontend:
         SIGTERM drain waiting forever, as in SGLang.
         """
         self.inflight += 1
+        rid = uuid.uuid4().hex
+        self.inflight_rids.add(rid)
         try:
             await self.gate()
-            if self.state == "draining":
+            if self.state == "draining" and self.cfg.version == "0.5.6":
                 return web.json_response({"error": {"message": "The server is shutting down."}}, status=503)
             try:
                 body = await request.json()
@@ -1203,6 +1686,7 @@ class Frontend:
             return results, single
         finally:
             self.inflight -= 1
+            self.inflight_rids.discard(rid)
 
     async def generate(self, request: web.Request) -> web.Response:
         out = await self.run_prompts(
@@ -1265,7 +1749,78 @@ class Frontend:
             log(f"Initialization failed. warmup error: {exc!r}")
             self.launcher.die(None)
 
+    async def serve_v23(self) -> web.AppRunner:
+        """0.5.23 under uvicorn: the lifespan starts the warm-up thread *before* the port is bound.
+
+        So when the bind fails (``[Errno 98] ... address already in use``) the warm-up may reach
+        whoever holds the port and still print the ready line; uvicorn then waits for it in the
+        lifespan shutdown, exits 3 (STARTUP_FAILURE), and launch_server's ``finally`` kills the
+        children first.
+        """
+        log(f"INFO:     Started server process [{os.getpid()}]")
+        log("INFO:     Waiting for application startup.")
+        self.state = "warmup"
+        warm = asyncio.ensure_future(self.warmup_v23())
+        self.spawn_task(self.sigterm_watchdog())
+        log("INFO:     Application startup complete.")
+        runner = web.AppRunner(self.build_app(), access_log=None, handle_signals=False)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.cfg.host, self.cfg.port, backlog=2048).start()
+        except OSError as exc:
+            log(f"ERROR:    {exc}")
+            log("INFO:     Waiting for application shutdown.")
+            await warm
+            log("INFO:     Application shutdown complete.")
+            self.launcher.kill_process_tree(include_parent=False, stamp=True, teardown=False)
+            os._exit(3)
+        log(f"INFO:     Uvicorn running on http://{self.cfg.host}:{self.cfg.port} (Press CTRL+C to quit)")
+        self.launcher.phase = "serving"
+        await warm
+        return runner
+
+    async def warmup_v23(self) -> None:
+        """0.5.23's _execute_server_warmup: poll ``/model_info`` (120 tries; compressed here), then
+        one ``/generate``; a warm-up that never gets through kills the tree."""
+        if self.cfg.skip_warmup:
+            log("The server is fired up and ready to roll!")
+            return
+        host = "127.0.0.1" if self.cfg.host in ("0.0.0.0", "") else self.cfg.host
+        base = f"http://{host}:{self.cfg.port}"
+        payload = {"text": "The capital city of France is", "sampling_params": {"temperature": 0, "max_new_tokens": 8}}
+        last: BaseException | None = None
+        async with ClientSession() as http:
+            for _ in range(WARMUP_TRIES):
+                await asyncio.sleep(WARMUP_POLL_S)
+                try:
+                    async with http.get(f"{base}/model_info", timeout=ClientTimeout(total=WARMUP_TRY_TIMEOUT_S)) as resp:
+                        if resp.status == 200:
+                            break
+                        last = AssertionError(f"res=<Response [{resp.status}]>")
+                except (TimeoutError, aiohttp.ClientError) as exc:
+                    last = exc
+            else:
+                log(f"Initialization failed. warmup error: Traceback (most recent call last):\n{last!r}")
+                self.launcher.kill_process_tree(include_parent=True, stamp=True)
+            try:
+                async with http.post(f"{base}/generate", json=payload, timeout=ClientTimeout(total=600)) as resp:
+                    resp.raise_for_status()
+                async with http.post(f"{base}/freeze_gc", timeout=ClientTimeout(total=600)) as resp:
+                    resp.raise_for_status()  # _freeze_gc_after_server_warmup
+            except Exception as exc:  # noqa: BLE001 - SGLang reports any warmup failure and dies
+                log(f"Initialization failed. warmup error: {exc!r}")
+                self.launcher.kill_process_tree(include_parent=True, stamp=True)
+        log("The server is fired up and ready to roll!")
+        if self.state == "warmup":
+            self.state = "serving"
+
     def on_sigterm(self) -> None:
+        if self.cfg.version != "0.5.6":  # loop.add_signal_handler calls it with no arguments
+            log("SIGTERM received. signum=None frame=None. Draining requests and shutting down...")
+            self.gracefully_exit = True
+            if self.state != "draining":
+                self.state = "draining"
+            return
         log(f"SIGTERM received. signum={int(signal.SIGTERM)}, frame=None. Draining requests and shutting down...")
         if self.state == "draining":
             return
@@ -1273,10 +1828,40 @@ class Frontend:
         if self.cfg.fail != "ignore_sigterm":
             self.spawn_task(self.drain())
 
+    async def sigterm_watchdog(self) -> None:
+        """0.5.23's TokenizerManager.sigterm_watchdog: it looks every 5 s (``--sim-drain-poll-s``)
+        whether a SIGTERM came, then logs the remaining requests every 5 s until none is left,
+        asks the schedulers to exit (ShutdownReq, up to 15 s), kills what is left and exits 0."""
+        poll = self.cfg.drain_poll_s
+        while not self.gracefully_exit:
+            await asyncio.sleep(poll)
+        if self.cfg.fail == "ignore_sigterm":  # a drain that never ends
+            await asyncio.Event().wait()
+        while True:
+            rids = list(self.inflight_rids)
+            log(f"Gracefully exiting... Remaining number of requests {len(rids)}. Remaining requests remaining_rids={rids}.")
+            if rids:
+                await asyncio.sleep(poll)
+            else:
+                break
+        self.launcher.monitor_stopped = True
+        for c in self.launcher.schedulers:  # ShutdownReq: the schedulers free their memory and exit 0
+            with contextlib.suppress(OSError):
+                c.sock.shutdown(socket.SHUT_RDWR)
+        await asyncio.to_thread(self.launcher.wait_schedulers_gone, SCHEDULER_EXIT_TIMEOUT_S)
+        self.launcher.kill_process_tree(include_parent=False, teardown=False)
+        # uvicorn shuts down (measured), then launch_server's finally calls kill_process_tree once more
+        log("INFO:     Shutting down")
+        log("INFO:     Waiting for application shutdown.")
+        log("INFO:     Application shutdown complete.")
+        log(f"INFO:     Finished server process [{os.getpid()}]")
+        log(f"kill_process_tree called: parent_pid={os.getpid()}, include_parent=False, pid={os.getpid()}")
+        os._exit(0)
+
     async def drain(self) -> NoReturn:
         while self.inflight:
             log(f"Gracefully exiting... Remaining number of requests {self.inflight}.")
-            await asyncio.sleep(DRAIN_POLL_S)
+            await asyncio.sleep(self.cfg.drain_poll_s)
         self.launcher.close_children()
         os._exit(0)
 
@@ -1306,22 +1891,41 @@ class Frontend:
                                  title=c.facts["title"], stuck=True)
 
     async def monitor_children(self) -> None:
-        """0.5.23's child monitor: a dead child triggers SIGQUIT, which kills the tree."""
-        while True:
-            await asyncio.sleep(CHILD_MONITOR_S)
-            for c in self.launcher.children:
-                if c.pid in self.launcher.skip_pids:
+        """0.5.23's SubprocessWatchdog (1 s): a watched child that exited non-zero triggers SIGQUIT,
+        which kills the tree. Exit 0 is not a crash; unwatched children (schedulers under a DP
+        controller) are not seen at all."""
+        watched = [c for c in self.launcher.children if c.watch_name and c.pid not in self.launcher.skip_pids]
+        seen: set[int] = set()
+        while not self.launcher.monitor_stopped:
+            await asyncio.sleep(CHILD_MONITOR_S_V23)
+            if self.launcher.monitor_stopped:
+                return
+            for c in watched:
+                if c.pid in seen:
                     continue
                 try:
                     pid, status = os.waitpid(c.pid, os.WNOHANG)
                 except ChildProcessError:
                     continue
-                if pid:
-                    code = os.waitstatus_to_exitcode(status)
-                    log(f"Subprocess {c.name} (pid={c.pid}) crashed with exit code {code}. "
-                        "Triggering SIGQUIT for cleanup...")
-                    os.kill(os.getpid(), signal.SIGQUIT)
-                    return
+                if not pid:
+                    continue
+                seen.add(c.pid)
+                code = os.waitstatus_to_exitcode(status)
+                if code == 0:
+                    continue
+                log(f"Subprocess {c.watch_name} (pid={c.pid}) crashed with exit code {code}. "
+                    "Triggering SIGQUIT for cleanup...")
+                os.kill(os.getpid(), signal.SIGQUIT)
+                return
+
+    def startup_timings_line(self, started: float) -> str:
+        load = self.cfg.load_s
+        capture = 0.3 * load if self.cfg.cuda_graph else 0.0
+        graphs = ", ".join(f"{phase}={capture if phase == 'decode' else 0.0:.2f}" for phase in
+                           ("prefill", "decode", "target_verify", "draft_prefill", "draft_decode", "draft_extend"))
+        return (f"Engine startup timings (s): load_weight={load:.2f}, kv_cache_allocation=0.01, "
+                f"scheduler_e2e={time.monotonic() - started:.2f}, cuda_graph={{{graphs}}}, "
+                f"tokenizer_e2e={time.monotonic() - started:.2f}")
 
     def flood(self, count: int) -> NoReturn:
         lines = (f"[{time.strftime('%Y-%m-%d %H:%M:%S')} TP0] Decode batch. #running-req: {i % 64}, #token: {i % 9000}, "
@@ -1335,8 +1939,22 @@ class Frontend:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.on_sigterm)
+        started = time.monotonic()
         await self.connect()
         await self.wait_ready()
+        if self.cfg.version != "0.5.6":
+            log(self.startup_timings_line(started))
+            self.spawn_task(self.monitor_children())  # started once the schedulers are ready
+            runner = await self.serve_v23()
+            for child in self.launcher.schedulers:
+                self.send(child, {"op": "serving"})
+            if self.cfg.flood:
+                self.flood(self.cfg.flood)
+            self.spawn_task(self.inject_fault())
+            try:
+                await asyncio.Event().wait()
+            finally:
+                await runner.cleanup()
         runner = await self.bind()
         self.launcher.phase = "serving"
         self.state = "warmup"
@@ -1349,8 +1967,6 @@ class Frontend:
         if self.cfg.flood:
             self.flood(self.cfg.flood)
         self.spawn_task(self.inject_fault())
-        if self.cfg.version != "0.5.6":
-            self.spawn_task(self.monitor_children())
         try:
             await asyncio.Event().wait()
         finally:
@@ -1358,6 +1974,10 @@ class Frontend:
 
 
 def _server_args_line(cfg: SimConfig) -> str:
+    """0.5.6: ``server_args=ServerArgs(k=v, ...)``; 0.5.23 logs ``server_args={resolved dict}``
+    (engine.py: ``logger.info(f"server_args={_server_args_for_logging(server_args)}")``)."""
+    if cfg.version != "0.5.6":
+        return f"server_args={cfg.sglang_args!r}"
     body = ", ".join(f"{k}={v!r}" for k, v in cfg.sglang_args.items())
     return f"server_args=ServerArgs({body})"
 

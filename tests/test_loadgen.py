@@ -7,10 +7,10 @@ import signal
 from collections.abc import Callable
 
 import pytest
-
 from conftest import free_port
-from supervisor.loadgen import LoadResult, run_load
 from test_simulator import Sim, avail_after_capture, sim  # noqa: F401 - sim is a fixture
+
+from supervisor.loadgen import LoadResult, run_load
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +21,7 @@ def base_url(s: Sim) -> str:
     return f"http://127.0.0.1:{s.port}"
 
 
-async def test_default_load_completes_at_0_88(sim: Callable[..., Sim]) -> None:
+async def test_default_load_completes_at_0_88(sim: Callable[..., Sim]) -> None:  # noqa: F811 - the imported fixture
     """At 0.88 the seed profile keeps over 5 GB of headroom and the default load completes without a retry."""
     s = sim("--mem-fraction-static", "0.88")
     s.wait_ready()
@@ -33,7 +33,7 @@ async def test_default_load_completes_at_0_88(sim: Callable[..., Sim]) -> None:
     assert "Prefill batch. #new-seq:" in s.text and "#new-token: 8192," in s.text  # full chunks ran
 
 
-async def test_default_load_ooms_at_0_93(sim: Callable[..., Sim]) -> None:
+async def test_default_load_ooms_at_0_93(sim: Callable[..., Sim]) -> None:  # noqa: F811 - the imported fixture
     """At 0.93 the default load kills the server by a CUDA OOM, and unserved requests fail at the deadline."""
     s = sim("--mem-fraction-static", "0.93")
     s.wait_ready()
@@ -45,7 +45,7 @@ async def test_default_load_ooms_at_0_93(sim: Callable[..., Sim]) -> None:
     assert result.attempts == N_REQUESTS + result.retries
 
 
-async def test_requests_ride_out_a_restart(sim: Callable[..., Sim]) -> None:
+async def test_requests_ride_out_a_restart(sim: Callable[..., Sim]) -> None:  # noqa: F811 - the imported fixture
     """When the 0.93 server dies under load and a 0.88 one takes its port, every request completes after retries."""
     first = sim("--mem-fraction-static", "0.93")
     first.wait_ready()
@@ -58,7 +58,7 @@ async def test_requests_ride_out_a_restart(sim: Callable[..., Sim]) -> None:
     assert "The server is fired up and ready to roll!" in second.text and second.proc.poll() is None
 
 
-async def test_client_errors_are_not_retried(sim: Callable[..., Sim]) -> None:
+async def test_client_errors_are_not_retried(sim: Callable[..., Sim]) -> None:  # noqa: F811 - the imported fixture
     """A request the server rejects with a 4xx (a prompt longer than the context) fails at once."""
     s = sim("--mem-fraction-static", "0.88", "--context-length", "1000")
     s.wait_ready()
