@@ -20,8 +20,10 @@ system-deps:
 demo: $(STAMP)
 	$(VENV)/bin/sglang-supervisor demo
 
-test: $(STAMP) system-deps
-	$(PY) -m pytest -q -ra
+# The whole suite, tier by tier with each tier's time: core + integration, chaos (CI size),
+# then the real SGLang tier (its setup is cached; the first run installs SGLang).
+test: $(STAMP) system-deps real-sglang
+	$(PY) scripts/run-tiers
 
 # The full reliability run (about an hour here): 20 trials per fault, the 1,000-cycle soak,
 # then docs/reliability.md regenerated from the results.
