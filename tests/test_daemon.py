@@ -79,15 +79,19 @@ def test_hang_is_killed_without_grace_and_restarted(tmp_path, no_leftovers, serv
 
 
 def test_kv_pool_startup_error_moves_fraction_up(tmp_path, no_leftovers, servers):
-    """'Not enough memory ... increase --mem-fraction-static' at startup moves one rung up."""
+    """0.5.23's 'Loaded weights leave no GPU memory for the KV cache ... Raise
+    --mem-fraction-static above Y' at startup: up to the next rung above Y, past the rung in
+    between that is still below it."""
     cfg = write_config(
         tmp_path,
-        {"server": {"mem_fraction_static": 0.76}, "policy": {"fraction_ladder": [0.93, 0.88, 0.85, 0.82, 0.80, 0.76]}},
+        {"server": {"mem_fraction_static": 0.70},
+         "policy": {"fraction_ladder": [0.93, 0.88, 0.85, 0.82, 0.80, 0.75, 0.70]}},
     )
     with DaemonRun(cfg) as d:
         crash = d.wait_for("crash")
         assert crash["cause"] == "kv_pool_too_small"
         assert crash["phase"] == "starting"
+        assert 0.75 < crash["min_fraction"] < 0.80, crash  # the simulated weights need ~0.754
         assert crash["next_mem_fraction_static"] == 0.80
         d.wait_for("server_ready", mem_fraction_static=0.80)
         assert d.stop() == 0

@@ -183,10 +183,10 @@ def test_learned_from_a_minimal_dict() -> None:
     assert (learned.oom_fractions, learned.history, learned.restarts) == (frozenset(), (), 0)
 
 
-def test_learned_initial_starts_at_the_configured_fraction_or_the_ladder_top() -> None:
-    """No configured fraction means the ladder's first rung."""
+def test_learned_initial_starts_at_the_configured_fraction_or_sglangs_own() -> None:
+    """No configured fraction means SGLang's own choice (None until its log says it)."""
     assert Learned.initial(make_cfg(0.85)).fraction == 0.85
-    assert Learned.initial(build_config({"server": {"model_path": "m"}})).fraction == 0.93
+    assert Learned.initial(build_config({"server": {"model_path": "m"}})).fraction is None
 
 
 def test_rebased_keeps_what_was_learned_for_the_same_config() -> None:

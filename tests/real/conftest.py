@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,3 +49,20 @@ def real_lock() -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session")
+def night(real_sglang: RealSGLang, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The scripted night (tests/real/nights.py) on one daemon owning the real server, run
+    once and read by several tests."""
+    import time
+
+    from tests.real import nights
+
+    tmp = tmp_path_factory.mktemp("real-night")
+    with open(LOCK_PATH, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        t0 = time.monotonic()
+        result = nights.drive(nights.real_config(tmp, real_sglang))
+        result.timings["night_s"] = time.monotonic() - t0
+    yield result

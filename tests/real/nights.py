@@ -69,6 +69,22 @@ def write_config(tmp: Path, command: list[str], *, model: str, env: dict[str, st
     return path
 
 
+def real_config(tmp: Path, real: Any, sections: dict[str, dict[str, Any]] | None = None, *,
+                env: dict[str, str] | None = None, name: str = "night") -> Path:
+    """The real server's config: the CPU flags ride in ``[server] command`` so that a simulator
+    config differs from it in that one key only."""
+    return write_config(
+        tmp, [*real.command(), *real.extra_args], model=real.model, env={**real.env, **(env or {})},
+        sections=sections, name=name,
+    )
+
+
+def sim_config(tmp: Path, real: Any, name: str = "sim-night") -> Path:
+    """The same night's config with the simulator as ``[server] command`` (nothing else differs)."""
+    return write_config(tmp, [sys.executable, "-m", "supervisor.simulator"], model=real.model, env=dict(real.env),
+                        name=name)
+
+
 def config_of(path: Path) -> dict[str, Any]:
     import tomllib
 

@@ -13,37 +13,14 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import psutil
 import pytest
 
 from tests.harness import DaemonRun
 from tests.real import nights
-from tests.real.sglang_env import RealSGLang
 
-
-def real_config(tmp: Path, real: RealSGLang, sections: dict | None = None, *, env: dict | None = None,
-                name: str = "night") -> Path:
-    """The real server's config: the CPU flags ride in ``[server] command`` so that a simulator
-    config differs from it in that one key only."""
-    return nights.write_config(
-        tmp, [*real.command(), *real.extra_args], model=real.model, env={**real.env, **(env or {})},
-        sections=sections, name=name,
-    )
-
-
-@pytest.fixture(scope="module")
-def night(real_sglang: RealSGLang, tmp_path_factory: pytest.TempPathFactory) -> Iterator[nights.Night]:
-    tmp = tmp_path_factory.mktemp("real-night")
-    with open("/tmp/real-sglang.lock", "a") as lock:
-        import fcntl
-
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        t0 = time.monotonic()
-        result = nights.drive(real_config(tmp, real_sglang))
-        result.timings["night_s"] = time.monotonic() - t0
-    yield result
+real_config = nights.real_config
 
 
 def crash(night: nights.Night, i: int) -> dict:
