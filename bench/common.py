@@ -193,8 +193,10 @@ def free_port() -> int:
 
 
 def child_env(settings: Settings) -> dict[str, str]:
-    """The variables every process of this run carries (the tag, the tests' id)."""
-    env = {TAG_VAR: settings.tag}
+    """The variables every process of this run carries (the tag, the tests' id), and SGLang's
+    crash-diagnostics switches off (the simulator honours them as 0.5.23 does: no 5 s sleep
+    and no coredump wait before the tree is killed), for ours and supervisord alike."""
+    env = {TAG_VAR: settings.tag, "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
     env.update({k: os.environ[k] for k in PROPAGATED if k in os.environ})
     return env
 

@@ -298,8 +298,11 @@ def status(cfg: Config, *, as_json: bool = False, out: IO[str] | None = None) ->
     state = data.get("state", "?")
     print(f"instance:  {cfg.name}  (daemon {'running, pid ' + str(data.get('daemon_pid')) if running else 'not running'})", file=out)
     print(f"state:     {state}{'' if running else ' (last known)'}  {data.get('reason', '')}", file=out)
+    def frac(value: object) -> str:
+        return "SGLang's own choice" if value is None else str(value)
+
     print(
-        f"fraction:  {learned.get('fraction')}  (configured {learned.get('base_fraction')}; "
+        f"fraction:  {frac(learned.get('fraction'))}  (configured {frac(learned.get('base_fraction'))}; "
         f"ran out of CUDA memory at: {', '.join(map(str, learned.get('oom_fractions', []))) or 'none'})",
         file=out,
     )
@@ -310,7 +313,7 @@ def status(cfg: Config, *, as_json: bool = False, out: IO[str] | None = None) ->
         rows = [("time", "cause", "phase", "exit", "fraction", "next", "location")]
         for h in history[-20:]:
             rows.append((
-                h["wall_time"], h["cause"], h["phase"], h["exit"], f"{h['fraction']:g}",
+                h["wall_time"], h["cause"], h["phase"], h["exit"], "sglang" if h["fraction"] is None else f"{h['fraction']:g}",
                 "-" if h["next_fraction"] is None else f"{h['next_fraction']:g}", h.get("location") or "-",
             ))
         widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]

@@ -75,6 +75,9 @@ class Timeline:
         elif event == "headroom_low":
             act = f"stepping down to {f['next_mem_fraction_static']:g} before traffic arrives" if f["action"] == "step_down" else "warning only"
             self._say(f"headroom guard: {f['avail_mem_gb']:g} GB < {f['threshold_gb']:g} GB on {f['rank']}: {act}")
+        elif event == "server_down":
+            who = "its main process" if f.get("title") == "main" else f"{f.get('title')} (pid {f.get('pid')})"
+            self._say(f"DOWN: {who} died; reading the log while SGLang tears itself down")
         elif event == "crash":
             where = f" at {f['location']}" if f.get("location") else ""
             self._say(f"CRASH: {f['cause']} ({f['phase']}){where}, {f.get('exc_type') or ''} - remedy {f['remedy']}")
