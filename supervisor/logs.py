@@ -26,6 +26,8 @@ EVENT_LEVELS = {
     "gpu_probe_error": "warning",
     "preflight_failed": "warning",
     "foreign_gpu_process": "warning",
+    "port_in_use": "warning",
+    "server_down": "warning",
     "state_write_failed": "warning",
     "server_log_write_failed": "warning",
 }

@@ -55,6 +55,10 @@ COUNTED_EVENTS = (
     "gpu_low_free",
     "server_stopped",
     "config_reloaded",
+    "server_down",
+    "port_in_use",
+    "restart_requested",
+    "fraction_learned",
 )
 PROBE_FAILURE_REASONS = ("http_status", "no_response")  # an answer that is not 200 / none
 MQTT_FAILURE_REASONS = ("auth", "config", "tls", "timeout", "error")  # supervisor.alerts._failure
