@@ -24,7 +24,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 log = logging.getLogger(__name__)
 
@@ -162,17 +162,22 @@ class Notifier:
 
 
 async def watchdog_loop(
-    notifier: Notifier, interval_s: float, alive: Callable[[], bool] | None = None
+    notifier: Notifier,
+    interval_s: float,
+    alive: Callable[[], bool] | None = None,
+    *,
+    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
 ) -> None:
     """Send ``WATCHDOG=1`` every ``interval_s`` from the event loop until cancelled.
 
     The pings come from the loop itself, so a blocked loop stops them. ``alive`` (optional)
     is asked before each ping: returning False withholds it, letting systemd restart a
-    daemon whose loop turns but whose supervision is stuck.
+    daemon whose loop turns but whose supervision is stuck. ``sleep`` waits between pings
+    (``asyncio.sleep``; tests pass a simulated clock's to check the pace exactly).
     """
     if interval_s <= 0:
         raise ValueError(f"watchdog interval must be > 0, got {interval_s!r}")
     while True:
         if alive is None or alive():
             notifier.watchdog()
-        await asyncio.sleep(interval_s)
+        await sleep(interval_s)

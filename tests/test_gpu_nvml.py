@@ -14,13 +14,16 @@ import pytest
 from supervisor.config import GpuConfig
 from supervisor.gpu import (
     GIB,
+    GpuInfo,
     GpuMonitor,
     GpuProbeError,
+    GpuProcess,
     NoneProbe,
     NvmlProbe,
     SimulatedProbe,
     make_probe,
     parse_visible_devices,
+    wait_until_released,
 )
 
 UUID0 = "GPU-11111111-2222-3333-4444-555555555555"
@@ -208,16 +211,104 @@ async def test_missing_pynvml_package_is_unavailable(monkeypatch: pytest.MonkeyP
     assert info.value.unavailable
 
 
-async def test_real_pynvml_without_a_driver_degrades() -> None:
-    """The real nvidia-ml-py on a host without libnvidia-ml gives LibraryNotFound as an unavailable error."""
+LIBRARY_NOT_FOUND = (
+    "nvml: nvmlInit: NVMLError_LibraryNotFound: NVML Shared Library Not Found "
+    "(libnvidia-ml.so.1 not found: no NVIDIA driver on this host, or it is not mounted into the container)"
+)
+
+
+@pytest.fixture
+def driverless_real_pynvml(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The real nvidia-ml-py as ``pynvml``, with no libnvidia-ml.so.1 to load, on every host.
+
+    The one place nvidia-ml-py touches the host is ``CDLL("libnvidia-ml.so.1")`` in its
+    ``_LoadNvmlLibrary``. That name is replaced by what the dynamic loader does on a host
+    without the NVIDIA driver (``OSError``), and the module's cached ``nvmlLib`` is cleared;
+    everything after it (``_nvmlCheckReturn``, the generated ``NVMLError_LibraryNotFound``,
+    its text) is the real module's own code. Returns the names the module asked to load.
+    """
+    real = importlib.import_module("pynvml")
+    assert real is not fake_pynvml and hasattr(real, "_LoadNvmlLibrary"), "not nvidia-ml-py's pynvml"
+    loads: list[str] = []
+
+    def no_such_library(name: str, *args: object, **kwargs: object) -> object:
+        loads.append(name)
+        raise OSError(f"{name}: cannot open shared object file: No such file or directory")
+
+    monkeypatch.setitem(sys.modules, "pynvml", real)
+    monkeypatch.setattr(real, "CDLL", no_such_library)  # raising=True: a renamed loader fails here
+    monkeypatch.setattr(real, "nvmlLib", None)
+    return loads
+
+
+async def _never_sleep(seconds: float) -> None:
+    raise AssertionError(f"an unavailable backend must not be waited on (asked to sleep {seconds} s)")
+
+
+async def test_real_pynvml_without_a_driver_is_unavailable(driverless_real_pynvml: list[str]) -> None:
+    """The real nvidia-ml-py without libnvidia-ml.so.1: one exact unavailable error, and the daemon degrades.
+
+    Why the library is hidden rather than the host inspected: the test this replaces took
+    whichever branch the host allowed, so CI only ever ran the driverless one and a GPU box
+    would have run the other half unasserted. Here the driverless condition is made true on
+    every host (see ``driverless_real_pynvml``), so the same exact result is asserted
+    everywhere and a host with a driver changes nothing. Should a future nvidia-ml-py load
+    the library some other way, the probe would read real GPUs and this test fails with a
+    message naming the seam, instead of passing on another branch. The readings half is
+    ``test_fake_pynvml_with_gpus_gives_exact_readings``.
+    """
     probe = NvmlProbe((), 5.0, environ={})
-    try:
-        gpus = await probe.sample()
-    except GpuProbeError as exc:
-        assert exc.unavailable and "NVMLError_LibraryNotFound" in str(exc)
-    else:  # a machine with a driver: then the readings must be sane
-        assert all(0 <= g.free_bytes <= g.total_bytes for g in gpus)
+    for attempt in (1, 2):  # init is retried on every sample, and fails the same way
+        try:
+            gpus = await probe.sample()
+        except GpuProbeError as exc:
+            error = exc
+        else:
+            pytest.fail(
+                f"the real pynvml read {len(gpus)} GPU(s) although libnvidia-ml.so.1 was hidden: "
+                "nvidia-ml-py no longer loads it through pynvml.CDLL; update driverless_real_pynvml"
+            )
+        assert str(error) == LIBRARY_NOT_FOUND
+        assert error.unavailable and not error.lost
+        assert driverless_real_pynvml == ["libnvidia-ml.so.1"] * attempt
+
+    result = await wait_until_released(probe, min_free_share=0.9, timeout_s=60.0, sleep=_never_sleep)
+    assert not result.ok and result.gpus == [] and result.error is not None
+    assert str(result.error) == LIBRARY_NOT_FOUND and result.error.unavailable
+
+    events: list[tuple[str, dict]] = []
+    lost: list[GpuProbeError] = []
+    monitor = GpuMonitor(probe, interval_s=1.0, low_free_bytes=GIB,
+                         emit=lambda e, f: events.append((e, dict(f))), on_lost=lost.append)
+    await monitor.tick()
+    await monitor.tick()
+    assert events == [("gpu_probe_error", {"error": LIBRARY_NOT_FOUND, "degraded": True, "lost": False})]
+    assert monitor.watch.degraded and monitor.last == [] and lost == []
+    await probe.aclose()  # never initialised: nothing to shut down
+    assert driverless_real_pynvml == ["libnvidia-ml.so.1"] * 5
+
+
+async def test_fake_pynvml_with_gpus_gives_exact_readings(nvml: fake_pynvml.FakeState) -> None:
+    """The other half, through the fake module with two cards: every reading, exactly, and the sample event."""
+    probe = NvmlProbe((), 5.0, environ={})
+    gpus = await probe.sample()
+    assert gpus == [
+        GpuInfo(index=0, uuid=UUID0, name="NVIDIA H200", total_bytes=141 * GIB,
+                free_bytes=141 * GIB - GIB // 2, used_bytes=GIB // 2, processes=()),
+        GpuInfo(index=1, uuid=UUID1, name="NVIDIA H200", total_bytes=141 * GIB,
+                free_bytes=41 * GIB, used_bytes=100 * GIB, processes=(GpuProcess(4242, 100 * GIB),)),
+    ]
+    events: list[tuple[str, dict]] = []
+    monitor = GpuMonitor(probe, interval_s=1.0, low_free_bytes=GIB, emit=lambda e, f: events.append((e, dict(f))))
+    await monitor.tick()
+    assert monitor.last == gpus and not monitor.watch.degraded
+    assert events == [("gpu_sample", {"gpus": [
+        {"index": 0, "uuid": UUID0, "total_bytes": 141 * GIB, "free_bytes": 141 * GIB - GIB // 2,
+         "used_bytes": GIB // 2},
+        {"index": 1, "uuid": UUID1, "total_bytes": 141 * GIB, "free_bytes": 41 * GIB, "used_bytes": 100 * GIB},
+    ]})]
     await probe.aclose()
+    assert not nvml.initialized and nvml.calls.count("nvmlInit") == 1
 
 
 async def test_monitor_reports_a_lost_gpu_once(nvml: fake_pynvml.FakeState) -> None:

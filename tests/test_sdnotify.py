@@ -9,12 +9,12 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
-
 from conftest import wait_until
+
 from supervisor.sdnotify import STATUS_MAX_CHARS, Notifier, watchdog_loop
 
 Message = dict[str, str]
@@ -132,24 +132,96 @@ def test_stopping_reloading_and_extend_timeout(listener: NotifyListener, notifie
     assert stop_msg == {"STOPPING": "1", "STATUS": "STOPPING reason=sigterm"}
 
 
-async def test_watchdog_loop_pings_at_the_expected_pace(listener: NotifyListener) -> None:
-    """watchdog_loop sends WATCHDOG=1 about every interval: never faster, not grossly slower."""
-    interval = 0.05
-    notifier = Notifier.from_env({"NOTIFY_SOCKET": listener.address, "WATCHDOG_USEC": str(int(2 * interval * 1e6))})
-    assert notifier.watchdog_interval() == pytest.approx(interval)
-    start = time.monotonic()
-    task = asyncio.create_task(watchdog_loop(notifier, interval))
-    await asyncio.sleep(1.0)  # the measurement window, not a wait for readiness
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    elapsed = time.monotonic() - start
-    notifier.ready()  # marker: every ping sent before it has arrived once it has
-    await asyncio.to_thread(listener.wait_for, lambda m: "READY" in m, 20.0, "marker")
-    pings = [m for m in listener.messages if "WATCHDOG" in m]
-    assert all(m == {"WATCHDOG": "1"} for m in pings)
-    assert 0.25 * elapsed / interval <= len(pings) <= elapsed / interval + 2
+class SpanOver(Exception):
+    """Raised by SimulatedClock.sleep when the simulated span is over: it ends watchdog_loop."""
+
+
+class SimulatedClock:
+    """Time that moves only when watchdog_loop sleeps; ``sleep`` is what the loop is given.
+
+    Before the clock moves on, ``settle`` (if set) is awaited: the test uses it to let the
+    listener thread take each datagram, so no ping is dropped by a full receive queue
+    (``net.unix.max_dgram_qlen`` is 10 on many hosts). Real time only bounds that wait; it
+    never decides a count or a spacing.
+    """
+
+    def __init__(self, span_s: float) -> None:
+        self.now = 0.0
+        self.span_s = span_s
+        self.sleeps: list[float] = []
+        self.settle: Callable[[], Awaitable[None]] | None = None
+
+    async def sleep(self, seconds: float) -> None:
+        if self.settle is not None:
+            await self.settle()
+        self.sleeps.append(seconds)
+        self.now += seconds
+        if self.now >= self.span_s:
+            raise SpanOver
+
+
+class ClockedNotifier(Notifier):
+    """A real notifier that also notes the simulated time of each WATCHDOG=1 and whether it went out."""
+
+    def __init__(self, address: str, *, watchdog_usec: int, clock: SimulatedClock) -> None:
+        super().__init__(address, watchdog_usec=watchdog_usec)
+        self.clock = clock
+        self.pings: list[tuple[float, bool]] = []
+
+    def watchdog(self) -> bool:
+        sent = super().watchdog()
+        self.pings.append((self.clock.now, sent))
+        return sent
+
+
+def _watchdog_messages(listener: NotifyListener) -> list[Message]:
+    return [m for m in listener.messages if "WATCHDOG" in m]
+
+
+async def _run_simulated(listener: NotifyListener, span_s: float, alive: Callable[[SimulatedClock], bool] | None = None
+                         ) -> ClockedNotifier:
+    """watchdog_loop with WATCHDOG_USEC=0.5 s over ``span_s`` simulated seconds, pinging the real listener."""
+    clock = SimulatedClock(span_s)
+    notifier = ClockedNotifier(listener.address, watchdog_usec=500_000, clock=clock)
+
+    async def settle() -> None:  # every ping sent so far has reached systemd's end
+        deadline = time.monotonic() + 20.0
+        while len(_watchdog_messages(listener)) < len(notifier.pings):
+            assert time.monotonic() < deadline, "a WATCHDOG=1 datagram never reached the listener"
+            await asyncio.sleep(0.001)
+
+    clock.settle = settle
+    interval = notifier.watchdog_interval()
+    assert interval == 0.25  # WATCHDOG_USEC / 2, exactly (a binary fraction: sums stay exact)
+    with pytest.raises(SpanOver):
+        await watchdog_loop(notifier, interval, None if alive is None else lambda: alive(clock), sleep=clock.sleep)
     notifier.close()
+    return notifier
+
+
+async def test_watchdog_loop_pings_every_half_watchdog_usec(listener: NotifyListener) -> None:
+    """Over a simulated minute with WATCHDOG_USEC=0.5 s: exactly 240 pings, one at t=0 and then every 0.25 s.
+
+    Deterministic: the loop's ``sleep`` is a simulated clock's, so the count and the spacing
+    are exact, not a fraction of what a real second allowed. Every ping also goes through the
+    real socket and arrives, in order.
+    """
+    notifier = await _run_simulated(listener, 60.0)
+    times = [t for t, _ in notifier.pings]
+    assert times == [i * 0.25 for i in range(240)]
+    assert {b - a for a, b in zip(times, times[1:], strict=False)} == {0.25}
+    assert all(sent for _, sent in notifier.pings)
+    assert notifier.clock.sleeps == [0.25] * 240
+    assert _watchdog_messages(listener) == [{"WATCHDOG": "1"}] * 240
+    assert listener.messages == _watchdog_messages(listener)
+
+
+async def test_watchdog_loop_withholds_exactly_the_pings_while_not_alive(listener: NotifyListener) -> None:
+    """alive() False for simulated t in [2 s, 4 s): those 8 pings are withheld, the pace around them is unchanged."""
+    notifier = await _run_simulated(listener, 6.0, alive=lambda clock: not 2.0 <= clock.now < 4.0)
+    assert [t for t, _ in notifier.pings] == [i * 0.25 for i in range(24) if not 8 <= i < 16]
+    assert notifier.clock.sleeps == [0.25] * 24  # the loop keeps turning while it withholds
+    assert _watchdog_messages(listener) == [{"WATCHDOG": "1"}] * 16
 
 
 async def test_watchdog_loop_withholds_pings_while_not_alive(listener: NotifyListener, notifier: Notifier) -> None:

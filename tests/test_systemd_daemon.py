@@ -17,7 +17,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import free_port, wait_until
 from test_sdnotify import Message, NotifyListener
 

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import require_binary
+
 from supervisor.config import ServerConfig
 
 UNIT = Path(__file__).resolve().parent.parent / "systemd" / "sglang-supervisor@.service"
