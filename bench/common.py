@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psutil
+import tomli_w
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
@@ -289,26 +290,9 @@ def simulator(*args: str) -> list[str]:
 # --- our daemon ---------------------------------------------------------------------------
 
 
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + " }"
-    raise TypeError(f"cannot write {value!r} as TOML")
-
-
 def write_toml(path: Path, sections: Mapping[str, Mapping[str, Any]]) -> Path:
-    lines = []
-    for section, keys in sections.items():
-        lines.append(f"[{section}]")
-        lines += [f"{k} = {_toml(v)}" for k, v in keys.items()]
-    path.write_text("\n".join(lines) + "\n")
+    """Write ``sections`` as a TOML file (tomli-w: the one TOML writer of tests and bench)."""
+    path.write_text(tomli_w.dumps(sections))
     path.chmod(0o644)
     return path
 

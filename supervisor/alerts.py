@@ -15,7 +15,8 @@ Topics (``{prefix}/{host}/{instance}/...``):
 - ``event/{kind}``: JSON per alert (``crash``, ``restart``, ``recovered``, ``gave_up``,
   ``headroom_low``, ``gpu_memory_stuck``, ``drill``).
 
-The payload builders and the backoff are pure functions (time and ids are passed in).
+The payload builders are pure functions (time and ids are passed in); the reconnect waits
+are ``policy.exponential_backoff``, the restart policy's backoff.
 The password is read from ``password_file`` at each connect and handed to the client only:
 it is never stored on the alerter, logged, or put in a repr or an exception.
 """
@@ -47,6 +48,7 @@ from aiomqtt.exceptions import MqttConnectError
 from supervisor.config import Config, MqttConfig
 from supervisor.events import ALERT_KINDS
 from supervisor.model import Cause
+from supervisor.policy import exponential_backoff
 
 T = TypeVar("T")
 
@@ -123,11 +125,10 @@ def client_id(cfg: MqttConfig, host: str, instance: str) -> str:
     return cfg.client_id or f"sglang-supervisor-{topic_segment(host)}-{topic_segment(instance)}"
 
 
-def backoff_delay(attempt: int, initial: float, maximum: float, rng: random.Random) -> float:
-    """Seconds before reconnect ``attempt`` (0-based): doubling, clamped, jittered to [d/2, d]."""
-    exponent = min(max(attempt, 0), 64)  # 2**64 * initial is finite; beyond it is pointless
-    delay = min(maximum, initial * 2.0**exponent)
-    return delay * (1.0 - 0.5 * rng.random())
+# Reconnects wait policy.exponential_backoff: doubling from [mqtt] reconnect_initial_s up to
+# reconnect_max_s, each wait jittered to [d/2, d] so that many daemons do not reconnect in step.
+RECONNECT_FACTOR = 2.0
+RECONNECT_JITTER = (0.5, 1.0)
 
 
 MESSAGE_MAX_CHARS = 500  # one sentence for a phone; a gave_up reason or GPU list can be long
@@ -595,7 +596,10 @@ class MqttAlerter:
                     self._log.error("mqtt_loop_error", error=repr(exc), report_error=repr(report_exc))
             if self._closing.is_set():
                 break
-            delay = backoff_delay(self._attempt, self._cfg.reconnect_initial_s, self._cfg.reconnect_max_s, self._rng)
+            delay = exponential_backoff(
+                self._attempt, initial=self._cfg.reconnect_initial_s, factor=RECONNECT_FACTOR,
+                maximum=self._cfg.reconnect_max_s, jitter=RECONNECT_JITTER, sample=self._rng.random(),
+            )
             self._attempt += 1
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closing.wait(), delay)

@@ -20,17 +20,22 @@ import contextlib
 import json
 import socket
 import sys
-from collections.abc import Sequence
-from typing import IO, Any
+import textwrap
+from collections.abc import Callable, Sequence
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from . import __version__
 from .config import Config, ConfigError, load_config
+
+if TYPE_CHECKING:
+    from .alerts import MqttAlerter
+    from .metrics import Metrics
 
 EXIT_USAGE = 2
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2 (argparse's own convention)
+    def error(self, message: str) -> NoReturn:  # one line, exit 2 (argparse's own convention)
         self.exit(EXIT_USAGE, f"{self.prog}: {message}\n")
 
 
@@ -43,48 +48,108 @@ def _add_config(p: argparse.ArgumentParser, *, overrides: bool = True) -> None:
         )
 
 
+DESCRIPTION = """\
+Keep an SGLang server running unattended on a GPU host. sglang-supervisor launches the
+server, watches its /health and the free memory of every GPU, and when the server dies it
+reads the traceback, names the cause and relaunches it with the remedy that points the
+right way: a CUDA OOM while serving lowers --mem-fraction-static one rung, a startup
+"increase --mem-fraction-static" raises it, a host OOM shrinks the hierarchical cache, a
+dead GPU stops and calls a human. Prometheus metrics and MQTT alerts say what happened."""
+
+EPILOG = """\
+Examples:
+  sglang-supervisor demo                     # try it: a simulated 8-GPU night, no GPU needed
+  sglang-supervisor check-config --config /etc/sglang-supervisor/kimi.toml
+  sglang-supervisor run --config /etc/sglang-supervisor/kimi.toml
+  sglang-supervisor status --config /etc/sglang-supervisor/kimi.toml
+  sglang-supervisor explain /var/log/sglang-supervisor/kimi/server.log
+
+'sglang-supervisor COMMAND --help' shows a command's options and an example."""
+
+CONFIG = "/etc/sglang-supervisor/kimi.toml"
+
+
+def _command(
+    sub: Any, name: str, summary: str, example: str, description: str | None = None
+) -> argparse.ArgumentParser:
+    """A subcommand whose --help has a description and an example."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, help=summary, description=textwrap.fill(description or summary[0].upper() + summary[1:] + ".", 88),
+        epilog=f"Example:\n  {example}", formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import alerts, explain, preflight
 
-    parser = _Parser(prog="sglang-supervisor", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="sglang-supervisor", description=DESCRIPTION, epilog=EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"sglang-supervisor {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
-    p = sub.add_parser("run", help="run the daemon")
+    p = _command(
+        sub, "run", "run the daemon: launch the server and keep it running",
+        f"sglang-supervisor run --config {CONFIG} --set server.mem_fraction_static=0.88",
+        "Run the daemon in the foreground (systemd runs it so): launch SGLang with the config's flags, "
+        "watch it, and relaunch it with the remedy when it dies. --dry-run prints the argv it would "
+        "launch and exits.",
+    )
     _add_config(p)
     p.add_argument("--dry-run", action="store_true", help="print the argv it would launch, as JSON")
 
-    p = sub.add_parser("check-config", help="validate a config file")
+    p = _command(sub, "check-config", "validate a config file", f"sglang-supervisor check-config --config {CONFIG}")
     _add_config(p)
 
-    p = sub.add_parser("status", help="state, fraction and crash history from the state directory")
+    p = _command(
+        sub, "status", "state, fraction and crash history from the state directory",
+        f"sglang-supervisor status --config {CONFIG} --json",
+    )
     _add_config(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
 
-    p = sub.add_parser(
-        "restart", help="a planned restart of the running daemon's server: drain, stop, relaunch with the current flags",
-        description="Ask the running daemon to drain its server (SIGTERM to SGLang's main process: in-flight "
-        "requests finish), stop it and relaunch it with the current flags, then wait until it is READY again. "
-        "Example: sglang-supervisor restart --config /etc/sglang-supervisor/kimi.toml",
+    p = _command(
+        sub, "restart",
+        "a planned restart of the running daemon's server: drain, stop, relaunch with the current flags",
+        f"sglang-supervisor restart --config {CONFIG}",
+        "Ask the running daemon to drain its server (SIGTERM to SGLang's main process: in-flight "
+        "requests finish), stop it and relaunch it with the current flags, then wait until it is READY again.",
     )
     _add_config(p, overrides=False)
     p.add_argument("--no-wait", action="store_true", help="return once the daemon has accepted the request")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for READY (default 3600)")
 
-    p = sub.add_parser("explain", help="diagnose a crash log")
+    p = _command(
+        sub, "explain", "diagnose a crash log",
+        "journalctl -u my-old-sglang -o cat | sglang-supervisor explain -",
+        "Read a dead SGLang server's log and say why it died: the cause, the evidence line, where in "
+        "the code, and what the supervisor would do about it.",
+    )
     explain.add_arguments(p)
 
-    p = sub.add_parser("preflight", help="check GPUs, host RAM, port and model path")
+    p = _command(sub, "preflight", "check GPUs, host RAM, port and model path",
+                 f"sglang-supervisor preflight --config {CONFIG}")
     _add_config(p)
     preflight.add_arguments(p)
 
-    p = sub.add_parser("drill", help="publish a drill alert and report whether the broker acked it")
+    p = _command(
+        sub, "drill", "publish a drill alert and report whether the broker acked it",
+        f"sglang-supervisor drill --config {CONFIG}",
+        "Publish a drill alert to the config's MQTT broker, as a real alert would go, and report "
+        "whether the broker acknowledged it (exit 0) or not (exit 1).",
+    )
     _add_config(p)
     alerts.add_arguments(p)
 
     from . import demo
 
-    p = sub.add_parser("demo", help="the seed's night against the simulator")
+    p = _command(
+        sub, "demo", "the seed's night against the simulator (no GPU needed)",
+        "sglang-supervisor demo --scenario preempt --hold 60",
+        "Replay a night against a simulated SGLang on simulated GPUs: the server dies of a CUDA OOM "
+        "at 0.93 and comes back at 0.88 (--scenario oom), or the headroom guard steps down before "
+        "it dies (--scenario preempt).",
+    )
     demo.add_arguments(p)
     return parser
 
@@ -180,17 +245,7 @@ async def run_daemon_async(
         else:
             logger.info("metrics_listening", listen=metrics_server.url)
     if cfg.mqtt.enabled:
-        from .alerts import MqttAlerter
-
-        def on_health(kind: str, value: Any) -> None:
-            if metrics is None:
-                return
-            if kind == "mqtt_connected":
-                metrics.emit(kind, {"connected": bool(value)})
-            elif kind in ("alert_sent", "alert_dropped"):
-                metrics.emit(kind, {"kind": value})
-
-        alerter = MqttAlerter(cfg.mqtt, host=host, instance=instance, logger=logger, on_health=on_health)
+        alerter = build_alerter(cfg, host=host, instance=instance, logger=logger, metrics=metrics)
         await alerter.start()
         sinks.append(alerter)
     sinks.extend(extra_sinks)
@@ -220,6 +275,27 @@ async def run_daemon_async(
             await alerter.aclose()
         if metrics_server is not None:
             await metrics_server.close()
+
+
+def _no_health(kind: str, value: Any) -> None:
+    """The alerter's health hook when metrics are off: nothing to count."""
+
+
+def alerting_health_callback(metrics: Metrics | None) -> Callable[[str, Any], None]:
+    """The MQTT alerter's ``on_health``: the metrics sink's own hook, or a no-op without metrics.
+
+    There is one mapping from the alerter's health reports to metrics, ``Metrics.alerting_health``;
+    a copy here once left out ``mqtt_connect_failed``.
+    """
+    return _no_health if metrics is None else metrics.alerting_health
+
+
+def build_alerter(cfg: Config, *, host: str, instance: str, logger: Any, metrics: Metrics | None) -> MqttAlerter:
+    """The daemon's MQTT alerter (not started), reporting its health to ``metrics``."""
+    from .alerts import MqttAlerter
+
+    return MqttAlerter(cfg.mqtt, host=host, instance=instance, logger=logger,
+                       on_health=alerting_health_callback(metrics))
 
 
 def next_argv(cfg: Config) -> tuple[str, ...]:

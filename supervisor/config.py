@@ -8,6 +8,7 @@ Every section is a dataclass whose fields are the TOML keys; a field's type and 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import tomllib
@@ -312,6 +313,12 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _did_you_mean(word: str, choices: typing.Iterable[str], form: str) -> str:
+    """``"; did you mean 'mem_fraction_static'?"`` for the closest known name, else ``""``."""
+    close = difflib.get_close_matches(word[:200], list(choices), n=1)
+    return f"; did you mean {form.format(close[0])}?" if close else ""
+
+
 def _build_section(where: str, section: str, cls: type, raw: Any) -> Any:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: [{section}] must be a table, not {_show(raw)}")
@@ -321,7 +328,8 @@ def _build_section(where: str, section: str, cls: type, raw: Any) -> Any:
     for key, value in raw.items():
         if key not in fields:
             known = ", ".join(sorted(fields))
-            raise ConfigError(f"{where}: [{section}] {key}: unknown key (known: {known})")
+            hint = _did_you_mean(key, fields, "'{}'")
+            raise ConfigError(f"{where}: [{section}] {key}: unknown key{hint} (known: {known})")
         meta = fields[key].metadata
         rule = meta.get("rule") or _type_name(hints[key])
         try:
@@ -398,7 +406,8 @@ def build_config(data: dict[str, Any], *, where: str = "config", name: str = "su
     for section, raw in data.items():
         if section not in _SECTIONS:
             known = ", ".join(f"[{s}]" for s in _SECTIONS)
-            raise ConfigError(f"{where}: [{section}]: unknown section (known: {known})")
+            hint = _did_you_mean(section, _SECTIONS, "[{}]")
+            raise ConfigError(f"{where}: [{section}]: unknown section{hint} (known: {known})")
         sections[section] = _build_section(where, section, _SECTIONS[section], raw)
     cfg = Config(**sections, name=name)
     _cross_checks(where, cfg)

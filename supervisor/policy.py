@@ -15,23 +15,39 @@ from .config import PolicyConfig
 from .model import Cause, Remedy
 
 
-def backoff_delay(failures: int, cfg: PolicyConfig, jitter_sample: float) -> float:
-    """Delay before restart number ``failures`` (1 = first crash of a streak).
+def exponential_backoff(
+    n: int, *, initial: float, factor: float, maximum: float, jitter: tuple[float, float], sample: float
+) -> float:
+    """The one backoff of the code base: ``min(maximum, initial * factor**n)`` times a jitter.
 
-    ``jitter_sample`` is a uniform draw from [0, 1) supplied by the caller (an injected
-    ``random.Random``), so the function stays pure. Safe for any ``failures``: the exponent
-    is clamped before it can overflow.
+    ``n`` counts from 0 (the first wait is ``initial``); ``jitter`` is the window ``(low,
+    high)`` of the multiplier and ``sample`` a uniform draw from [0, 1) supplied by the caller
+    (an injected ``random.Random``), which picks ``low + (high - low) * sample`` in it, so the
+    function stays pure. Safe for any ``n`` and any finite ``factor``: the exponent is clamped
+    and an overflow becomes the cap. Never negative.
+    """
+    exponent = min(max(n, 0), 64)  # beyond 2**64 steps every sane schedule is at its cap
+    try:
+        base = initial * factor**exponent
+    except OverflowError:
+        base = math.inf
+    base = min(base, maximum)
+    low, high = jitter
+    return max(0.0, base * (low + (high - low) * sample))
+
+
+def backoff_delay(failures: int, cfg: PolicyConfig, jitter_sample: float) -> float:
+    """Delay before restart number ``failures`` (1 = first crash of a streak): the
+    configured exponential backoff with a jitter of +-``backoff_jitter``.
+
+    ``jitter_sample`` is a uniform draw from [0, 1) supplied by the caller.
     """
     if failures <= 0 or cfg.backoff_initial_s == 0:
         return 0.0
-    exponent = min(failures - 1, 64)
-    try:
-        base = cfg.backoff_initial_s * cfg.backoff_factor**exponent
-    except OverflowError:
-        base = math.inf
-    base = min(base, cfg.backoff_max_s)
-    spread = cfg.backoff_jitter * (2.0 * jitter_sample - 1.0)  # in [-jitter, +jitter)
-    return max(0.0, base * (1.0 + spread))
+    return exponential_backoff(
+        failures - 1, initial=cfg.backoff_initial_s, factor=cfg.backoff_factor, maximum=cfg.backoff_max_s,
+        jitter=(1.0 - cfg.backoff_jitter, 1.0 + cfg.backoff_jitter), sample=jitter_sample,
+    )
 
 
 def fraction_below(current: float, ladder: tuple[float, ...]) -> float | None:

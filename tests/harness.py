@@ -15,23 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import tomli_w
 from conftest import free_port
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
-    raise TypeError(value)
 
 
 def _test_id_env() -> dict[str, str]:
@@ -73,15 +60,11 @@ def write_config(tmp: Path, sections: dict[str, dict[str, Any]] | None = None, *
     }
     for section, keys in (sections or {}).items():
         base.setdefault(section, {}).update(keys)
-    lines = []
-    for section, keys in base.items():
-        lines.append(f"[{section}]")
-        lines += [f"{k} = {_toml(v)}" for k, v in keys.items()]
     from supervisor import simgpu
 
     simgpu.ensure_gpus(gpus, 8, 96)
     path = tmp / f"{name}.toml"
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text(tomli_w.dumps(base))
     path.chmod(0o644)
     return path
 

@@ -17,11 +17,12 @@ import pytest
 from structlog.testing import capture_logs
 
 from supervisor.alerts import (
+    RECONNECT_FACTOR,
+    RECONNECT_JITTER,
     SEVERITY,
     Context,
     MqttAlerter,
     Topics,
-    backoff_delay,
     build_alert,
     build_state,
     drill,
@@ -30,6 +31,7 @@ from supervisor.alerts import (
 )
 from supervisor.config import Config, MqttConfig
 from supervisor.events import ALERT_KINDS
+from supervisor.policy import exponential_backoff
 from tests.conftest import free_port
 
 TS = datetime(2026, 10, 4, 3, 12, 9, 123456, tzinfo=UTC)
@@ -216,11 +218,13 @@ def test_topics_keep_host_and_instance_to_one_level() -> None:
 
 
 def test_backoff_doubles_clamps_and_jitters_within_half() -> None:
-    """Reconnect delays grow from initial to max and jitter stays in [d/2, d]."""
+    """Reconnect delays (the policy's one backoff function with the alerter's factor and jitter
+    window) grow from initial to max and jitter stays in [d/2, d]."""
     rng = random.Random(7)
     for attempt, nominal in [(0, 1.0), (1, 2.0), (3, 8.0), (6, 60.0), (10_000, 60.0)]:
         for _ in range(50):
-            d = backoff_delay(attempt, 1.0, 60.0, rng)
+            d = exponential_backoff(attempt, initial=1.0, factor=RECONNECT_FACTOR, maximum=60.0,
+                                    jitter=RECONNECT_JITTER, sample=rng.random())
             assert nominal / 2 <= d <= nominal
 
 

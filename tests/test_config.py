@@ -190,6 +190,33 @@ def test_unknown_section_is_refused_with_the_known_sections() -> None:
     assert "[alerts]: unknown section" in message and "[mqtt]" in message
 
 
+@pytest.mark.parametrize(
+    ("section", "key", "suggestion"),
+    [
+        ("server", "mem_fraction", "'mem_fraction_static'"),
+        ("server", "mem_fraction_statc", "'mem_fraction_static'"),
+        ("policy", "backof_max_s", "'backoff_max_s'"),
+        ("mqtt", "hostname", "'host'"),
+    ],
+)
+def test_unknown_key_suggests_the_closest_known_one(section: str, key: str, suggestion: str) -> None:
+    """A misspelt key gets "did you mean" the closest key of its section, on the same line."""
+    message = rejects(with_key(section, key, "1"))
+    assert f"[{section}] {key}: unknown key; did you mean {suggestion}?" in message
+
+
+def test_unknown_key_far_from_every_known_one_gets_no_suggestion() -> None:
+    """No guess when nothing is close: the list of known keys says the rest."""
+    message = rejects(with_key("server", "zzzzzz", "1"))
+    assert "did you mean" not in message and "(known: " in message
+
+
+def test_unknown_section_suggests_the_closest_known_one() -> None:
+    """[metric] gets "did you mean [metrics]?" on the same line."""
+    message = rejects(f"[server]\n{MODEL}\n[metric]\nenabled = true\n")
+    assert "[metric]: unknown section; did you mean [metrics]?" in message
+
+
 def test_section_that_is_not_a_table_is_refused() -> None:
     """``health = 3`` instead of a [health] table is refused."""
     message = rejects(f"health = 3\n[server]\n{MODEL}\n")

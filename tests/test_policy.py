@@ -18,6 +18,7 @@ from supervisor.policy import (
     Decision,
     backoff_delay,
     decide,
+    exponential_backoff,
     fraction_above,
     fraction_below,
     rung_of,
@@ -84,6 +85,20 @@ def test_backoff_factor_one_is_a_constant_delay() -> None:
     """backoff_factor = 1 waits backoff_initial_s every time."""
     cfg = replace(CFG, backoff_factor=1.0, backoff_jitter=0.0)
     assert {backoff_delay(n, cfg, 0.3) for n in (1, 2, 50, 10**9)} == {10.0}
+
+
+def test_exponential_backoff_is_the_one_backoff_for_restarts_and_reconnects() -> None:
+    """The shared function: n counts from 0, the cap clamps, the jitter window (low, high) is
+    the multiplier's range; the MQTT reconnect's [d/2, d] is one such window."""
+    def b(n: int, window: tuple[float, float], sample: float) -> float:
+        return exponential_backoff(n, initial=1.0, factor=2.0, maximum=60.0, jitter=window, sample=sample)
+
+    assert [b(n, (1.0, 1.0), 0.7) for n in (0, 1, 3, 6, 10**18)] == [1.0, 2.0, 8.0, 60.0, 60.0]
+    assert b(3, (0.5, 1.0), 0.0) == 4.0
+    assert b(3, (0.5, 1.0), math.nextafter(1.0, 0.0)) == pytest.approx(8.0)
+    assert b(-5, (0.5, 1.0), 0.0) == 0.5  # a negative count is the first wait
+    assert exponential_backoff(10**9, initial=1.0, factor=1e300, maximum=60.0, jitter=(1.0, 1.0), sample=0.0) == 60.0
+    assert exponential_backoff(0, initial=1.0, factor=2.0, maximum=60.0, jitter=(-1.0, 1.0), sample=0.0) == 0.0
 
 
 # --- the ladder -------------------------------------------------------------------------------

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import tomli_w
 
-from tests.harness import REPO, DaemonRun, _toml
+from tests.harness import REPO, DaemonRun
 
 sys.path.insert(0, str(REPO / "tests"))
 from conftest import free_port  # noqa: E402
@@ -59,12 +60,8 @@ def write_config(tmp: Path, command: list[str], *, model: str, env: dict[str, st
     }
     for section, keys in (sections or {}).items():
         base.setdefault(section, {}).update(keys)
-    lines = []
-    for section, keys in base.items():
-        lines.append(f"[{section}]")
-        lines += [f"{k} = {_toml(v)}" for k, v in keys.items()]
     path = tmp / f"{name}.toml"
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text(tomli_w.dumps(base))
     path.chmod(0o644)
     return path
 
