@@ -56,6 +56,7 @@ from .machine import (
     StopMode,
     StopRequested,
     StopServer,
+    Timer,
     TimerFired,
 )
 from .model import Cause, ExitStatus, State
@@ -109,7 +110,7 @@ class Daemon:
         self.server: ServerProcess | None = None
         self.exit_code: int | None = None
         self._queue: asyncio.Queue[machine.Event] = asyncio.Queue()
-        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._timers: dict[Timer, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._launch_task: asyncio.Task[None] | None = None
         self._probe_tasks: set[asyncio.Task[None]] = set()
@@ -169,10 +170,10 @@ class Daemon:
         match action:
             case Emit(event=name, fields=fields):
                 self.emit(name, fields)
-            case SetTimer(name="silence", delay_s=delay):
-                self._cancel_timer("silence")
+            case SetTimer(name=Timer.SILENCE, delay_s=delay):
+                self._cancel_timer(Timer.SILENCE)
                 loop = asyncio.get_running_loop()
-                self._timers["silence"] = loop.call_later(max(0.0, delay), self._silence_timer)
+                self._timers[Timer.SILENCE] = loop.call_later(max(0.0, delay), self._silence_timer)
             case SetTimer(name=name, delay_s=delay):
                 self._cancel_timer(name)
                 loop = asyncio.get_running_loop()
@@ -196,9 +197,9 @@ class Daemon:
 
     def _silence_timer(self) -> None:
         """The startup-silence timer: the core is told when the server last printed a line."""
-        self._timers.pop("silence", None)
+        self._timers.pop(Timer.SILENCE, None)
         server = self.server
-        self.post(TimerFired("silence", last_output_at=server.last_output_at if server else None))
+        self.post(TimerFired(Timer.SILENCE, last_output_at=server.last_output_at if server else None))
 
     def emit(self, name: str, fields: Mapping[str, Any]) -> None:
         data = {"host": self.p.host, "instance": self.instance, **fields}
@@ -567,7 +568,7 @@ class Daemon:
             exc = task.exception()
             self.log.error("task_failed", task=task.get_name(), error=repr(exc)[:300])
 
-    def _cancel_timer(self, name: str) -> None:
+    def _cancel_timer(self, name: Timer) -> None:
         handle = self._timers.pop(name, None)
         if handle is not None:
             handle.cancel()

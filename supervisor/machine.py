@@ -8,6 +8,7 @@ daemon feeds events and carries out the actions. Every edge is named in a commen
 from __future__ import annotations
 
 import dataclasses
+import enum
 import random
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -19,6 +20,17 @@ from .model import Cause, Diagnosis, ExitStatus, Phase, Remedy, StartupFacts, St
 HISTORY_LIMIT = 200
 
 
+class Timer(enum.StrEnum):
+    """The core's timers. An enum, so that a misspelt name fails where it is written instead
+    of falling through ``step`` as an event that means nothing."""
+
+    PROBE = "probe"  # next health probe (startup poll, or the fixed rate while serving)
+    STARTUP = "startup"  # the hard cap on a start
+    SILENCE = "silence"  # a start that printed nothing for too long
+    BACKOFF = "backoff"  # the restart delay after a crash
+    STABLE = "stable"  # serving long enough to forget the crash streak
+
+
 # --- learned state (persisted) ------------------------------------------------------------
 
 
@@ -27,15 +39,27 @@ class CrashRecord:
     """One line of the crash history, as shown by ``status``."""
 
     wall_time: str  # RFC 3339, for people
-    cause: str
-    remedy: str
-    phase: str
+    cause: Cause
+    remedy: Remedy
+    phase: Phase
     exit: str  # "killed by SIGKILL", "exit code 1", "stopped by us"
     fraction: float | None  # None: SGLang's own choice, not read from its log
     next_fraction: float | None
     evidence: str
     location: str | None
     attempt: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form in state.json: enums as their string values."""
+        d = dataclasses.asdict(self)
+        d.update(cause=str(self.cause), remedy=str(self.remedy), phase=str(self.phase))
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CrashRecord:
+        """Back from JSON; a value no member has is a ValueError (the state is unreadable)."""
+        typed = {"cause": Cause.parse(d["cause"]), "remedy": Remedy(d["remedy"]), "phase": Phase(d["phase"])}
+        return cls(**{**d, **typed})
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +96,7 @@ class Learned:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["oom_fractions"] = sorted(self.oom_fractions, reverse=True)
-        d["history"] = [dataclasses.asdict(h) for h in self.history]
+        d["history"] = [h.to_dict() for h in self.history]
         return d
 
     @classmethod
@@ -83,7 +107,7 @@ class Learned:
             base_fraction=None if d["base_fraction"] is None else float(d["base_fraction"]),
             base_hicache_size_gb=int(d["base_hicache_size_gb"]),
             oom_fractions=frozenset(float(x) for x in d.get("oom_fractions", [])),
-            history=tuple(CrashRecord(**h) for h in d.get("history", [])),
+            history=tuple(CrashRecord.from_dict(h) for h in d.get("history", [])),
             restarts=int(d.get("restarts", 0)),
         )
 
@@ -104,8 +128,8 @@ class Core:
     probe_failures: int = 0
     pending: Cause | None = None  # why we are stopping the server to relaunch it
     pending_detail: str = ""
-    last_cause: str | None = None
-    recovering_from: str | None = None  # cause of the crash the next ready recovers from
+    last_cause: Cause | None = None
+    recovering_from: Cause | None = None  # cause of the crash the next ready recovers from
     headroom_checked: bool = False
     facts: StartupFacts | None = None
     reason: str = ""  # why the last transition happened (status, gave-up reason)
@@ -177,8 +201,8 @@ class ServerExited:
 
 @dataclass(frozen=True, slots=True)
 class TimerFired:
-    name: str  # "probe" | "startup" | "silence" | "backoff" | "stable"
-    # For "silence": when the server last printed a line (monotonic), read as the timer fires.
+    name: Timer
+    # For SILENCE: when the server last printed a line (monotonic), read as the timer fires.
     last_output_at: float | None = None
 
 
@@ -254,13 +278,13 @@ class StopServer:
 
 @dataclass(frozen=True, slots=True)
 class SetTimer:
-    name: str
+    name: Timer
     delay_s: float
 
 
 @dataclass(frozen=True, slots=True)
 class CancelTimer:
-    name: str
+    name: Timer
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,7 +360,7 @@ def _transition(core: Core, to: State, reason: str, **changes: Any) -> tuple[Cor
         "mem_fraction_static": new.learned.fraction,
         "hicache_size_gb": new.learned.hicache_size_gb,
         "restarts": new.learned.restarts,
-        "last_cause": new.last_cause,
+        "last_cause": None if new.last_cause is None else str(new.last_cause),
     }
     return new, [Emit("state_changed", fields), Persist()]
 
@@ -364,14 +388,14 @@ def _launch(core: Core, ctx: Ctx, reason: str) -> tuple[Core, list[Action]]:
     return new, [
         Launch(argv, fraction, hicache, attempt),
         *actions,
-        SetTimer("startup", ctx.cfg.health.startup_timeout_s),
-        SetTimer("silence", min(ctx.cfg.health.startup_silence_s, ctx.cfg.health.startup_timeout_s)),
-        SetTimer("probe", ctx.cfg.health.startup_poll_s),
+        SetTimer(Timer.STARTUP, ctx.cfg.health.startup_timeout_s),
+        SetTimer(Timer.SILENCE, min(ctx.cfg.health.startup_silence_s, ctx.cfg.health.startup_timeout_s)),
+        SetTimer(Timer.PROBE, ctx.cfg.health.startup_poll_s),
     ]
 
 
 def _cancel_run_timers() -> list[Action]:
-    return [CancelTimer("probe"), CancelTimer("startup"), CancelTimer("silence"), CancelTimer("stable")]
+    return [CancelTimer(t) for t in (Timer.PROBE, Timer.STARTUP, Timer.SILENCE, Timer.STABLE)]
 
 
 def _prepare(core: Core, reason: str) -> tuple[Core, list[Action]]:
@@ -380,7 +404,7 @@ def _prepare(core: Core, reason: str) -> tuple[Core, list[Action]]:
     return new, [*actions, Prepare()]
 
 
-def _give_up(core: Core, reason: str, cause: str | None) -> tuple[Core, list[Action]]:
+def _give_up(core: Core, reason: str, cause: Cause | None) -> tuple[Core, list[Action]]:
     # * -> GAVE_UP
     new, actions = _transition(core, State.GAVE_UP, reason, pid=None)
     return new, [
@@ -388,8 +412,8 @@ def _give_up(core: Core, reason: str, cause: str | None) -> tuple[Core, list[Act
         *actions,
         Emit(
             "gave_up",
-            {"reason": reason, "cause": cause, "mem_fraction_static": new.learned.fraction,
-             "restarts": new.learned.restarts},
+            {"reason": reason, "cause": None if cause is None else str(cause),
+             "mem_fraction_static": new.learned.fraction, "restarts": new.learned.restarts},
         ),
     ]
 
@@ -433,9 +457,9 @@ def _after_failure(
     exit_text = status.describe() if status else "stopped by the supervisor"
     record = CrashRecord(
         wall_time=ctx.wall_time,
-        cause=str(cause),
-        remedy=str(diagnosis.remedy),
-        phase=str(diagnosis.phase),
+        cause=cause,
+        remedy=diagnosis.remedy,
+        phase=diagnosis.phase,
         exit=exit_text,
         fraction=learned.fraction,
         next_fraction=None if decision.give_up else decision.fraction,
@@ -456,8 +480,8 @@ def _after_failure(
         learned=learned,
         crash_times=crash_times,
         failures=failures,
-        last_cause=str(cause),
-        recovering_from=str(cause),
+        last_cause=cause,
+        recovering_from=cause,
         pid=None,
     )
     crash_event = Emit(
@@ -493,7 +517,7 @@ def _after_failure(
     )
     crash_events: list[Action] = [crash_event] if counted else []
     if decision.give_up:
-        new, actions = _give_up(core, decision.reason, str(cause))
+        new, actions = _give_up(core, decision.reason, cause)
         return new, [*crash_events, *actions]
     # STARTING/READY/RESTARTING -> BACKOFF
     new, actions = _transition(core, State.BACKOFF, decision.reason)
@@ -512,7 +536,7 @@ def _after_failure(
                 "rung": policy.rung_of(decision.fraction, cfg.policy.fraction_ladder),
             },
         ),
-        SetTimer("backoff", decision.delay_s),
+        SetTimer(Timer.BACKOFF, decision.delay_s),
     ]
 
 
@@ -580,14 +604,14 @@ def _ready(core: Core, ctx: Ctx) -> tuple[Core, list[Action]]:
         "hicache_size_gb": core.learned.hicache_size_gb,
         "attempt": core.attempt,
     }
-    out: list[Action] = [CancelTimer("startup"), *actions, Emit("server_ready", fields)]
+    out: list[Action] = [CancelTimer(Timer.STARTUP), *actions, Emit("server_ready", fields)]
     if core.facts is not None:
         out.append(Emit("startup_facts", facts_fields(core.facts)))
     if core.recovering_from:
-        out.append(Emit("recovered", {**fields, "cause": core.recovering_from}))
+        out.append(Emit("recovered", {**fields, "cause": str(core.recovering_from)}))
     out += [
-        SetTimer("probe", ctx.cfg.health.interval_s),
-        SetTimer("stable", ctx.cfg.policy.stable_after_s),
+        SetTimer(Timer.PROBE, ctx.cfg.health.interval_s),
+        SetTimer(Timer.STABLE, ctx.cfg.policy.stable_after_s),
     ]
     return new, out
 
@@ -622,18 +646,18 @@ def step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
         case PrepareFailed(cause=cause, detail=detail, permanent=permanent) if s is State.PREPARING:
             if permanent or not cause.restartable:
                 # PREPARING -> GAVE_UP
-                return _give_up(core, f"{cause.summary}: {detail}", str(cause))
+                return _give_up(core, f"{cause.summary}: {detail}", cause)
             # PREPARING -> BACKOFF
             failures = core.failures + 1
             delay = policy.backoff_delay(failures, cfg.policy, ctx.rng.random())
             new, actions = _transition(
                 core, State.BACKOFF, f"{cause.summary}: {detail}", failures=failures,
-                last_cause=str(cause),
+                last_cause=cause,
             )
             return new, [
                 *actions,
                 Emit("preflight_retry", {"cause": str(cause), "detail": detail, "delay_s": delay}),
-                SetTimer("backoff", delay),
+                SetTimer(Timer.BACKOFF, delay),
             ]
 
         case Launched(pid=pid) if s is State.STARTING:
@@ -641,21 +665,21 @@ def step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
 
         case LaunchFailed(error=error) if s is State.STARTING:
             # STARTING -> GAVE_UP: the command itself cannot be run
-            return _give_up(core, f"cannot start the server: {error}", str(Cause.CONFIG_ERROR))
+            return _give_up(core, f"cannot start the server: {error}", Cause.CONFIG_ERROR)
 
-        case TimerFired(name="probe") if s is State.STARTING:
+        case TimerFired(name=Timer.PROBE) if s is State.STARTING:
             return core, [Probe()]  # the next poll is set when this one answers
 
-        case TimerFired(name="probe") if s is State.READY:
+        case TimerFired(name=Timer.PROBE) if s is State.READY:
             # Fixed rate while serving, whatever each probe takes: a hang is then caught
             # after interval x failures + timeout, not failures x (interval + timeout).
-            return core, [Probe(), SetTimer("probe", cfg.health.interval_s)]
+            return core, [Probe(), SetTimer(Timer.PROBE, cfg.health.interval_s)]
 
         case ProbeResult(ok=True) if s is State.STARTING:
             return _ready(core, ctx)
 
         case ProbeResult(ok=False) if s is State.STARTING:
-            return core, [SetTimer("probe", cfg.health.startup_poll_s)]
+            return core, [SetTimer(Timer.PROBE, cfg.health.startup_poll_s)]
 
         case ProbeResult(ok=True) if s is State.READY:
             return replace(core, probe_failures=0), []
@@ -685,26 +709,26 @@ def step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
             new, actions = _check_headroom(replace(core, facts=facts), ctx, facts)
             return new, [*learned_now, *actions]
 
-        case TimerFired(name="startup") if s is State.STARTING:
+        case TimerFired(name=Timer.STARTUP) if s is State.STARTING:
             # STARTING -> RESTARTING: the hard cap, progress or not
             why = f"not ready after {cfg.health.startup_timeout_s:g} s"
             return _stop_to_relaunch(core, ctx, Cause.STARTUP_TIMEOUT, why, cfg.server.stop_grace_s)
 
-        case TimerFired(name="silence", last_output_at=last) if s is State.STARTING:
+        case TimerFired(name=Timer.SILENCE, last_output_at=last) if s is State.STARTING:
             # A start that still prints lines is making progress, however long it takes.
             limit = cfg.health.startup_silence_s
             since = core.launched_at if last is None else max(last, core.launched_at or last)
             quiet = ctx.now - (ctx.now if since is None else since)
             if quiet < limit:
-                return core, [SetTimer("silence", limit - quiet)]
+                return core, [SetTimer(Timer.SILENCE, limit - quiet)]
             # STARTING -> RESTARTING
             why = f"no output for {quiet:.0f} s while starting (limit {limit:g} s)"
             return _stop_to_relaunch(core, ctx, Cause.STARTUP_TIMEOUT, why, cfg.server.stop_grace_s)
 
-        case TimerFired(name="stable") if s is State.READY:
+        case TimerFired(name=Timer.STABLE) if s is State.READY:
             return replace(core, failures=0), [Emit("stable", {"after_s": cfg.policy.stable_after_s})]
 
-        case TimerFired(name="backoff") if s is State.BACKOFF:
+        case TimerFired(name=Timer.BACKOFF) if s is State.BACKOFF:
             # BACKOFF -> PREPARING
             return _prepare(core, "backoff elapsed")
 
@@ -759,7 +783,7 @@ def step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
             ]
 
         case GpuLost(detail=detail) if s not in (State.GAVE_UP, State.STOPPED, State.STOPPING):
-            new, actions = _give_up(core, f"{Cause.GPU_HW_ERROR.summary}: {detail}", str(Cause.GPU_HW_ERROR))
+            new, actions = _give_up(core, f"{Cause.GPU_HW_ERROR.summary}: {detail}", Cause.GPU_HW_ERROR)
             # A server may be up (or its launch in flight, pid not yet known): stop it, and keep
             # its pid so that a stop request waits for its exit (GAVE_UP -> STOPPING).
             if core.pid is not None or s is State.STARTING:
@@ -781,7 +805,7 @@ def step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
                 return core, []
             # PREPARING/BACKOFF/EXITED/GAVE_UP/STOPPED -> STOPPED: no server to stop
             new, actions = _transition(core, State.STOPPED, reason, pid=None)
-            return new, [CancelTimer("backoff"), *actions, Exit(0)]
+            return new, [CancelTimer(Timer.BACKOFF), *actions, Exit(0)]
 
         case ServerExited() if s is State.GAVE_UP:
             return replace(core, pid=None), [Persist()]
@@ -794,6 +818,6 @@ def step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
         case RestartRequested(reason=reason) if s is State.BACKOFF or (s is State.GAVE_UP and core.pid is None):
             # BACKOFF/GAVE_UP -> PREPARING: an operator says try now; the crash budget starts afresh
             new, actions = _prepare(replace(core, crash_times=(), failures=0), f"restart requested: {reason}")
-            return new, [CancelTimer("backoff"), *actions]
+            return new, [CancelTimer(Timer.BACKOFF), *actions]
 
     return core, []  # an event that means nothing in this state (e.g. a late probe)

@@ -58,6 +58,16 @@ class Cause(enum.StrEnum):
     def restartable(self) -> bool:
         return self.remedy is not Remedy.GIVE_UP
 
+    @classmethod
+    def parse(cls, value: str) -> Cause:
+        """The member whose value is ``value`` (ValueError if none). ``Cause(value)`` does the
+        same at run time, but a type checker reads that call against the member-building
+        ``__new__`` above, which takes three arguments."""
+        member = cls._value2member_map_.get(value)
+        if not isinstance(member, cls):
+            raise ValueError(f"{value!r} is not a valid {cls.__name__}")
+        return member
+
 
 # The names the log classifier may return (issue 3); the rest are the daemon's own.
 LOG_CAUSES: tuple[Cause, ...] = (

@@ -81,7 +81,7 @@ class Decision:
 
     give_up: bool
     reason: str
-    fraction: float
+    fraction: float | None  # None: SGLang's own choice, the flag left out
     hicache_size_gb: int
     delay_s: float = 0.0
 

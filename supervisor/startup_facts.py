@@ -81,8 +81,8 @@ def line_rank(line: str, end: int | None = None) -> str | None:
     """
     text = line if end is None else line[:end]
     last = None
-    for m in _SGLANG_PREFIX.finditer(text):
-        last = m
+    for prefix in _SGLANG_PREFIX.finditer(text):
+        last = prefix
     if last is not None:
         return last.group(1).strip()
     m = _VLLM_WORKER.search(text)
@@ -311,7 +311,9 @@ class StartupFactsParser:
     def _replace(self, state: _RankState, **values: float | int | None) -> bool:
         if all(getattr(state.facts, k) == v for k, v in values.items()):
             return False
-        state.facts = replace(state.facts, **values)
+        # The field names come from the callers' literals; replace() itself rejects an unknown
+        # one, which mypy cannot check through ** of a dict.
+        state.facts = replace(state.facts, **values)  # type: ignore[arg-type]
         self._cached = None
         return True
 

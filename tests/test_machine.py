@@ -46,6 +46,7 @@ from supervisor.machine import (
     StopMode,
     StopRequested,
     StopServer,
+    Timer,
     TimerFired,
     step,
 )
@@ -143,7 +144,7 @@ class Night:
 
     def relaunch(self, *, after: float = 1000.0) -> list[Action]:
         """BACKOFF -> PREPARING -> STARTING once the backoff timer fires."""
-        self.send(TimerFired("backoff"), after=after)
+        self.send(TimerFired(Timer.BACKOFF), after=after)
         actions = self.send(Prepared())
         self.send(Launched(PID + self.core.attempt))
         return actions
@@ -164,8 +165,19 @@ def names(actions: list[Action]) -> list[str]:
     return [a.event for a in of(actions, Emit)]
 
 
-def timers(actions: list[Action]) -> dict[str, float]:
+def timers(actions: list[Action]) -> dict[Timer, float]:
     return {a.name: a.delay_s for a in of(actions, SetTimer)}
+
+
+def strings_are_plain(value: object) -> bool:
+    """Every string in an event's fields is a ``str``, not an enum: sinks get the edge form."""
+    if isinstance(value, str):
+        return type(value) is str
+    if isinstance(value, dict):
+        return all(strings_are_plain(k) and strings_are_plain(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return all(strings_are_plain(v) for v in value)
+    return True
 
 
 def launch_of(actions: list[Action]) -> Launch:
@@ -201,9 +213,9 @@ def test_preparing_to_starting_when_prepared() -> None:
     assert (launch.fraction, launch.attempt, launch.hicache_size_gb) == (0.93, 1, 0)
     assert flag(launch.argv, "--mem-fraction-static") == "0.93"
     assert timers(actions) == {
-        "startup": night.cfg.health.startup_timeout_s,
-        "silence": night.cfg.health.startup_silence_s,
-        "probe": night.cfg.health.startup_poll_s,
+        Timer.STARTUP: night.cfg.health.startup_timeout_s,
+        Timer.SILENCE: night.cfg.health.startup_silence_s,
+        Timer.PROBE: night.cfg.health.startup_poll_s,
     }
 
 
@@ -233,7 +245,7 @@ def test_preparing_to_backoff_on_retryable_prepare_failure() -> None:
     night.send(Boot())
     actions = night.send(PrepareFailed(Cause.PREFLIGHT_FAILED, "port 30000 in use"))
     assert night.state is State.BACKOFF
-    assert timers(actions) == {"backoff": 10.0}
+    assert timers(actions) == {Timer.BACKOFF: 10.0}
     assert emitted(actions, "preflight_retry")["delay_s"] == 10.0
     assert "crash" not in names(actions)
 
@@ -265,10 +277,10 @@ def test_starting_probe_timer_probes_and_failed_probe_polls_again() -> None:
     """While starting, a probe timer probes and a refused probe re-arms the poll timer."""
     night = Night()
     night.starting()
-    assert of(night.send(TimerFired("probe"), after=2.0), Probe)
+    assert of(night.send(TimerFired(Timer.PROBE), after=2.0), Probe)
     actions = night.send(ProbeResult(ok=False, detail="connection refused"))
     assert night.state is State.STARTING
-    assert timers(actions) == {"probe": night.cfg.health.startup_poll_s}
+    assert timers(actions) == {Timer.PROBE: night.cfg.health.startup_poll_s}
 
 
 def test_starting_to_ready_on_first_good_probe() -> None:
@@ -282,8 +294,8 @@ def test_starting_to_ready_on_first_good_probe() -> None:
     assert ready == {"startup_s": 754.0, "mem_fraction_static": 0.93, "hicache_size_gb": 0, "attempt": 1}
     assert emitted(actions, "startup_facts")["avail_mem_after_capture_gb"] == 5.0
     assert "recovered" not in names(actions)
-    assert timers(actions) == {"probe": night.cfg.health.interval_s, "stable": 600.0}
-    assert CancelTimer("startup") in actions
+    assert timers(actions) == {Timer.PROBE: night.cfg.health.interval_s, Timer.STABLE: 600.0}
+    assert CancelTimer(Timer.STARTUP) in actions
 
 
 def test_starting_to_ready_measures_startup_from_a_clock_at_zero() -> None:
@@ -317,11 +329,32 @@ def test_ready_after_a_crash_emits_recovered() -> None:
     assert night.core.recovering_from is None
 
 
+def test_causes_stay_typed_inside_and_become_strings_in_events() -> None:
+    """The core and its history keep Cause/Remedy/Phase; emitted fields carry their values."""
+    night = Night()
+    actions = night.backoff(ServerExited(ExitStatus(signal=SIGKILL), oom_runtime()))
+    record = night.core.learned.history[-1]
+    assert (record.cause, record.remedy, record.phase) == (Cause.CUDA_OOM_RUNTIME, Remedy.FRACTION_DOWN, Phase.SERVING)
+    assert (type(record.cause), type(record.remedy), type(record.phase)) == (Cause, Remedy, Phase)
+    assert night.core.last_cause is Cause.CUDA_OOM_RUNTIME
+    assert night.core.recovering_from is Cause.CUDA_OOM_RUNTIME
+    for emit in of(actions, Emit):
+        assert strings_are_plain(emit.fields), emit
+    assert emitted(actions, "state_changed")["last_cause"] == "cuda_oom_runtime"
+
+
+def test_a_misspelt_timer_name_fails_where_it_is_written() -> None:
+    """Timers are an enum: "silense" is an error at once, not an event that means nothing."""
+    assert TimerFired(Timer("silence")).name is Timer.SILENCE
+    with pytest.raises(ValueError, match="silense"):
+        Timer("silense")
+
+
 def test_starting_to_restarting_on_startup_timeout() -> None:
     """Not ready within startup_timeout_s: stop the server with the normal grace period."""
     night = Night()
     night.starting()
-    actions = night.send(TimerFired("startup"), after=1800.0)
+    actions = night.send(TimerFired(Timer.STARTUP), after=1800.0)
     assert night.state is State.RESTARTING
     assert of(actions, StopServer) == [StopServer(night.cfg.server.stop_grace_s, "startup_timeout")]
     assert night.core.pending is Cause.STARTUP_TIMEOUT
@@ -404,8 +437,8 @@ def test_ready_to_backoff_on_runtime_oom() -> None:
     assert night.core.learned.oom_fractions == frozenset({0.93})
     scheduled = emitted(actions, "restart_scheduled")
     assert (scheduled["mem_fraction_static"], scheduled["attempt"], scheduled["rung"]) == (0.88, 2, 1)
-    assert 9.0 <= timers(actions)["backoff"] <= 11.0
-    for name in ("probe", "startup", "stable"):
+    assert 9.0 <= timers(actions)[Timer.BACKOFF] <= 11.0
+    for name in (Timer.PROBE, Timer.STARTUP, Timer.STABLE):
         assert CancelTimer(name) in actions
 
 
@@ -534,8 +567,8 @@ def test_probe_timer_while_ready_probes_and_rearms_at_a_fixed_rate() -> None:
     not delay the next, so a hang is caught after interval x failures + timeout."""
     night = Night()
     night.ready()
-    actions = night.send(TimerFired("probe"), after=10.0)
-    assert of(actions, Probe) and timers(actions) == {"probe": night.cfg.health.interval_s}
+    actions = night.send(TimerFired(Timer.PROBE), after=10.0)
+    assert of(actions, Probe) and timers(actions) == {Timer.PROBE: night.cfg.health.interval_s}
 
 
 def test_ready_to_exited_when_the_server_dies() -> None:
@@ -544,7 +577,7 @@ def test_ready_to_exited_when_the_server_dies() -> None:
     night.ready()
     actions = night.send(ServerDied(ExitStatus(signal=9)))
     assert night.state is State.EXITED
-    assert {a.name for a in of(actions, CancelTimer)} == {"probe", "startup", "silence", "stable"}
+    assert {a.name for a in of(actions, CancelTimer)} == {Timer.PROBE, Timer.STARTUP, Timer.SILENCE, Timer.STABLE}
     assert emitted(actions, "state_changed")["reason"] == "server killed by SIGKILL"
 
 
@@ -581,7 +614,7 @@ def test_good_probe_while_ready_resets_the_failed_probe_count() -> None:
     """Failed probes must be consecutive: one good answer starts the count again."""
     night = Night()
     night.ready()
-    assert of(night.send(TimerFired("probe"), after=10.0), Probe)
+    assert of(night.send(TimerFired(Timer.PROBE), after=10.0), Probe)
     for _ in range(5):
         night.send(ProbeResult(ok=False))
         night.send(ProbeResult(ok=False))
@@ -598,10 +631,10 @@ def test_stable_period_resets_the_backoff_streak() -> None:
         night.relaunch()
     night.send(ProbeResult(ok=True))
     assert night.core.failures == 3
-    assert names(night.send(TimerFired("stable"), after=600.0)) == ["stable"]
+    assert names(night.send(TimerFired(Timer.STABLE), after=600.0)) == ["stable"]
     assert night.core.failures == 0
     actions = night.send(crash(Cause.NCCL_ERROR, phase=Phase.SERVING))
-    assert timers(actions) == {"backoff": 10.0}
+    assert timers(actions) == {Timer.BACKOFF: 10.0}
 
 
 # --- RESTARTING / BACKOFF / STOPPING -> ... ------------------------------------------------
@@ -631,7 +664,7 @@ def test_restarting_to_backoff_without_delay_after_headroom_step_down() -> None:
     actions = night.send(crash(Cause.OTHER, status=ExitStatus(code=0)))
     assert night.state is State.BACKOFF
     assert "crash" not in names(actions)
-    assert timers(actions) == {"backoff": 0.0}
+    assert timers(actions) == {Timer.BACKOFF: 0.0}
     assert (night.core.failures, night.core.crash_times) == (0, ())
     assert launch_of(night.relaunch()).fraction == 0.88
 
@@ -640,7 +673,7 @@ def test_restarting_to_gave_up_when_the_crash_budget_is_spent() -> None:
     """A startup timeout that is the max_crashes-th crash of the window gives up."""
     night = Night(make_cfg(policy={"max_crashes": 1}))
     night.starting()
-    night.send(TimerFired("startup"), after=1800.0)
+    night.send(TimerFired(Timer.STARTUP), after=1800.0)
     night.send(crash(Cause.OTHER))
     assert night.state is State.GAVE_UP
 
@@ -649,7 +682,7 @@ def test_backoff_to_preparing_when_delay_elapsed() -> None:
     """When the backoff timer fires the GPUs are prepared again before the relaunch."""
     night = Night()
     night.backoff()
-    actions = night.send(TimerFired("backoff"), after=10.0)
+    actions = night.send(TimerFired(Timer.BACKOFF), after=10.0)
     assert night.state is State.PREPARING
     assert of(actions, Prepare) and not of(actions, Launch)
 
@@ -680,7 +713,7 @@ def _drive_to(night: Night, state: State) -> None:
         night.ready()
     elif state is State.RESTARTING:
         night.ready()
-        night.send(TimerFired("probe"))
+        night.send(TimerFired(Timer.PROBE))
         for _ in range(night.cfg.health.failures):
             night.send(ProbeResult(ok=False))
     elif state is State.BACKOFF:
@@ -763,7 +796,7 @@ def test_idle_states_to_stopped_on_stop_request(state: State) -> None:
     actions = night.send(StopRequested("SIGINT"))
     assert night.state is State.STOPPED
     assert of(actions, Exit) == [Exit(0)]
-    assert CancelTimer("backoff") in actions
+    assert CancelTimer(Timer.BACKOFF) in actions
 
 
 def test_stop_request_while_stopping_is_ignored() -> None:
@@ -791,8 +824,8 @@ def test_config_change_rebases_only_when_the_starting_point_changed() -> None:
 
 @pytest.mark.parametrize(
     "event",
-    [Prepared(), Launched(1), ProbeResult(ok=True), ProbeResult(ok=False), TimerFired("startup"),
-     TimerFired("stable"), TimerFired("probe"), crash(), LaunchFailed("x"), facts(0.1), Boot()],
+    [Prepared(), Launched(1), ProbeResult(ok=True), ProbeResult(ok=False), TimerFired(Timer.STARTUP),
+     TimerFired(Timer.STABLE), TimerFired(Timer.PROBE), crash(), LaunchFailed("x"), facts(0.1), Boot()],
 )
 def test_late_events_mean_nothing_in_backoff(event: Event) -> None:
     """Events left over from an earlier server (a late probe, a stale timer) change nothing."""
@@ -819,7 +852,7 @@ def test_full_night_oom_at_093_relaunches_at_088() -> None:
 
     assert night.state is State.BACKOFF
     report = emitted(actions, "crash")
-    delay = timers(actions)["backoff"]
+    delay = timers(actions)[Timer.BACKOFF]
     assert report == {
         "cause": "cuda_oom_runtime",
         "remedy": "fraction_down",
@@ -850,10 +883,10 @@ def test_full_night_oom_at_093_relaunches_at_088() -> None:
     assert 9.0 <= delay <= 11.0
     record = night.core.learned.history[-1]
     assert (record.cause, record.fraction, record.next_fraction, record.exit) == (
-        "cuda_oom_runtime", 0.93, 0.88, "killed by SIGKILL",
+        Cause.CUDA_OOM_RUNTIME, 0.93, 0.88, "killed by SIGKILL",
     )
 
-    night.send(TimerFired("backoff"), after=delay)
+    night.send(TimerFired(Timer.BACKOFF), after=delay)
     assert night.state is State.PREPARING
     actions = night.send(Prepared())
     assert night.state is State.STARTING
@@ -889,7 +922,7 @@ _EVENTS: st.SearchStrategy[Event] = st.one_of(
     st.builds(FactsUpdated, facts=_FACTS),
     st.builds(ServerExited, status=_STATUSES, diagnosis=_DIAGNOSES),
     st.builds(ServerDied, status=_STATUSES),
-    st.builds(TimerFired, name=st.sampled_from(["probe", "startup", "backoff", "stable"])),
+    st.builds(TimerFired, name=st.sampled_from(list(Timer))),
     st.builds(GpuLost, detail=st.just("lost")),
     st.builds(StopRequested, reason=st.just("SIGTERM")),
     st.just(ConfigChanged()),
@@ -918,6 +951,8 @@ def test_random_events_never_raise_and_never_run_two_servers(
         assert ladder[-1] <= night.core.learned.fraction <= ladder[0]
         for timer in of(actions, SetTimer):
             assert math.isfinite(timer.delay_s) and timer.delay_s >= 0
+        for emit in of(actions, Emit):
+            assert strings_are_plain(emit.fields), emit
         for _launch in of(actions, Launch):
             assert not server_may_run, "a second Launch while a server may still run"
             server_may_run = True
@@ -935,9 +970,9 @@ def test_starting_silence_timer_rearms_while_the_server_prints() -> None:
     night = Night()
     night.starting()
     limit = night.cfg.health.startup_silence_s
-    actions = night.send(TimerFired("silence", last_output_at=night.now + limit - 100.0), after=limit)
+    actions = night.send(TimerFired(Timer.SILENCE, last_output_at=night.now + limit - 100.0), after=limit)
     assert night.state is State.STARTING
-    assert timers(actions) == {"silence": pytest.approx(limit - 100.0)}
+    assert timers(actions) == {Timer.SILENCE: pytest.approx(limit - 100.0)}
 
 
 def test_starting_to_restarting_after_silence() -> None:
@@ -945,7 +980,9 @@ def test_starting_to_restarting_after_silence() -> None:
     night = Night()
     night.starting()
     launched = night.now
-    actions = night.send(TimerFired("silence", last_output_at=launched + 5.0), after=night.cfg.health.startup_silence_s + 5.0)
+    actions = night.send(
+        TimerFired(Timer.SILENCE, last_output_at=launched + 5.0), after=night.cfg.health.startup_silence_s + 5.0
+    )
     assert night.state is State.RESTARTING
     assert night.core.pending is Cause.STARTUP_TIMEOUT
     assert of(actions, StopServer) == [StopServer(night.cfg.server.stop_grace_s, "startup_timeout", StopMode.DRAIN)]
@@ -980,7 +1017,7 @@ def test_ready_to_restarting_on_a_restart_request() -> None:
     ]
     actions = night.send(ServerExited(ExitStatus(code=0), Diagnosis(Cause.OTHER, Phase.SERVING)))
     assert night.state is State.BACKOFF
-    assert timers(actions) == {"backoff": 0.0}
+    assert timers(actions) == {Timer.BACKOFF: 0.0}
     assert "crash" not in names(actions)
     assert night.core.crash_times == ()
     launch = launch_of(night.relaunch(after=0.0))
@@ -993,7 +1030,7 @@ def test_backoff_to_preparing_on_a_restart_request() -> None:
     night.backoff()
     actions = night.send(RestartRequested("now"))
     assert night.state is State.PREPARING
-    assert of(actions, Prepare) and CancelTimer("backoff") in actions
+    assert of(actions, Prepare) and CancelTimer(Timer.BACKOFF) in actions
     assert night.core.crash_times == ()
 
 

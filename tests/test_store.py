@@ -16,6 +16,7 @@ import pytest
 
 from supervisor.config import Config, build_config
 from supervisor.machine import CrashRecord, Learned
+from supervisor.model import Cause, Phase, Remedy
 from supervisor.store import LOCK_FILE, STATE_FILE, StateStore, StoreError
 
 
@@ -28,8 +29,8 @@ def make_cfg(fraction: float = 0.93, hicache: int = 48) -> Config:
 def learned_after_a_night() -> Learned:
     """Learned state after the seed's runtime OOM at 0.93."""
     record = CrashRecord(
-        wall_time="2026-10-01T03:12:44+00:00", cause="cuda_oom_runtime", remedy="fraction_down",
-        phase="serving", exit="killed by SIGKILL", fraction=0.93, next_fraction=0.88,
+        wall_time="2026-10-01T03:12:44+00:00", cause=Cause.CUDA_OOM_RUNTIME, remedy=Remedy.FRACTION_DOWN,
+        phase=Phase.SERVING, exit="killed by SIGKILL", fraction=0.93, next_fraction=0.88,
         evidence="torch.OutOfMemoryError: CUDA out of memory.", location="deepseek_v2.py:2919 forward",
         attempt=1,
     )
@@ -174,6 +175,36 @@ def test_learned_dict_round_trip_through_json() -> None:
     d = json.loads(json.dumps(learned.to_dict()))
     assert d["oom_fractions"] == [0.93]
     assert Learned.from_dict(d) == learned
+
+
+# The learned section of a state.json written before causes were typed (issue 14), byte for byte.
+STATE_JSON_BEFORE_TYPED_CAUSES = (
+    '{"fraction": 0.88, "hicache_size_gb": 24, "base_fraction": 0.93, "base_hicache_size_gb": 48, '
+    '"oom_fractions": [0.93], "history": [{"wall_time": "2026-10-01T03:12:44+00:00", '
+    '"cause": "cuda_oom_runtime", "remedy": "fraction_down", "phase": "serving", '
+    '"exit": "killed by SIGKILL", "fraction": 0.93, "next_fraction": 0.88, '
+    '"evidence": "torch.OutOfMemoryError: CUDA out of memory.", '
+    '"location": "deepseek_v2.py:2919 forward", "attempt": 1}], "restarts": 1}'
+)
+
+
+def test_learned_json_is_byte_compatible_with_untyped_causes() -> None:
+    """Typed causes are strings again at the edge: the same JSON as before, and it reads back
+    as Cause/Remedy/Phase members."""
+    learned = learned_after_a_night()
+    assert json.dumps(learned.to_dict()) == STATE_JSON_BEFORE_TYPED_CAUSES
+    record = Learned.from_dict(json.loads(STATE_JSON_BEFORE_TYPED_CAUSES)).history[0]
+    assert (record.cause, record.remedy, record.phase) == (Cause.CUDA_OOM_RUNTIME, Remedy.FRACTION_DOWN, Phase.SERVING)
+    assert (type(record.cause), type(record.remedy), type(record.phase)) == (Cause, Remedy, Phase)
+
+
+def test_learned_with_an_unknown_cause_is_unreadable() -> None:
+    """A history cause this version does not know is a ValueError, which the daemon reports
+    as ``state_unreadable`` (and starts from the configured fraction)."""
+    d = json.loads(STATE_JSON_BEFORE_TYPED_CAUSES)
+    d["history"][0]["cause"] = "cuda_oom_sometime"
+    with pytest.raises(ValueError, match="cuda_oom_sometime"):
+        Learned.from_dict(d)
 
 
 def test_learned_from_a_minimal_dict() -> None:
