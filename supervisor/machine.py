@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from . import policy
 from .config import Config
@@ -57,9 +58,25 @@ class CrashRecord:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CrashRecord:
-        """Back from JSON; a value no member has is a ValueError (the state is unreadable)."""
-        typed = {"cause": Cause.parse(d["cause"]), "remedy": Remedy(d["remedy"]), "phase": Phase(d["phase"])}
+        """Back from JSON. A value this version does not know (a state file written by a newer
+        one) reads as ``other`` / ``restart`` / ``starting``: one history line loses its
+        detail, while the rung and the fractions that ran out of memory are kept."""
+        typed = {
+            "cause": _member(Cause.parse, d["cause"], Cause.OTHER),
+            "remedy": _member(Remedy, d["remedy"], Remedy.RESTART),
+            "phase": _member(Phase, d["phase"], Phase.STARTING),
+        }
         return cls(**{**d, **typed})
+
+
+_E = TypeVar("_E", Cause, Remedy, Phase)
+
+
+def _member(parse: Callable[[str], _E], value: str, default: _E) -> _E:
+    try:
+        return parse(value)
+    except ValueError:
+        return default
 
 
 @dataclass(frozen=True, slots=True)

@@ -206,6 +206,21 @@ def _build_parser(version: str) -> argparse.ArgumentParser:
     return p
 
 
+def _reap(pending: set[int], timeout: float, pause: float) -> None:
+    """Reap these children as they exit, for up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        for pid in list(pending):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                pending.discard(pid)
+        if pending:
+            time.sleep(pause)
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """Parse like SGLang: an unknown flag is an argparse error (exit 2, usage line)."""
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
@@ -1347,18 +1362,7 @@ class Launcher:
                 acks += len(os.read(self.ack_r, 64))
 
     def reap(self, timeout: float) -> None:
-        pending = {c.pid for c in self.children} - self.skip_pids
-        deadline = time.monotonic() + timeout
-        while pending and time.monotonic() < deadline:
-            for pid in list(pending):
-                try:
-                    done, _ = os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    done = pid
-                if done:
-                    pending.discard(pid)
-            if pending:
-                time.sleep(0.01)
+        _reap({c.pid for c in self.children} - self.skip_pids, timeout, 0.01)
 
     def die(self, code: int | None, *, stamp: bool = True) -> NoReturn:
         """Kill the tree and end: ``code=None`` SIGKILLs ourselves, like SGLang (exit status -9)."""
@@ -1381,18 +1385,7 @@ class Launcher:
 
     def wait_schedulers_gone(self, timeout: float) -> None:
         """Wait (up to ``timeout``) until no scheduler is alive, reaping the ones that exited."""
-        deadline = time.monotonic() + timeout
-        pending = {c.pid for c in self.schedulers} - self.skip_pids
-        while pending and time.monotonic() < deadline:
-            for pid in list(pending):
-                try:
-                    done, _ = os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    done = pid
-                if done:
-                    pending.discard(pid)
-            if pending:
-                time.sleep(0.05)
+        _reap({c.pid for c in self.schedulers} - self.skip_pids, timeout, 0.05)
 
     def close_children(self) -> None:
         """A clean end: close the pipes so children exit on their own (and free their GPU files)."""
@@ -1949,22 +1942,14 @@ class Frontend:
             log(self.startup_timings_line(started))
             self.spawn_task(self.monitor_children())  # started once the schedulers are ready
             runner = await self.serve_v23()
-            for child in self.launcher.schedulers:
-                self.send(child, {"op": "serving"})
-            if self.cfg.flood:
-                self.flood(self.cfg.flood)
-            self.spawn_task(self.inject_fault())
-            try:
-                await asyncio.Event().wait()
-            finally:
-                await runner.cleanup()
-        runner = await self.bind()
-        self.launcher.phase = "serving"
-        self.state = "warmup"
-        await self.warmup()
-        log("The server is fired up and ready to roll!")
-        if self.state == "warmup":
-            self.state = "serving"
+        else:
+            runner = await self.bind()
+            self.launcher.phase = "serving"
+            self.state = "warmup"
+            await self.warmup()
+            log("The server is fired up and ready to roll!")
+            if self.state == "warmup":
+                self.state = "serving"
         for child in self.launcher.schedulers:
             self.send(child, {"op": "serving"})
         if self.cfg.flood:

@@ -198,13 +198,15 @@ def test_learned_json_is_byte_compatible_with_untyped_causes() -> None:
     assert (type(record.cause), type(record.remedy), type(record.phase)) == (Cause, Remedy, Phase)
 
 
-def test_learned_with_an_unknown_cause_is_unreadable() -> None:
-    """A history cause this version does not know is a ValueError, which the daemon reports
-    as ``state_unreadable`` (and starts from the configured fraction)."""
+def test_learned_with_an_unknown_cause_keeps_the_rung() -> None:
+    """A history value this version does not know (a newer version wrote it) reads as
+    other/restart/starting: that line loses its detail, what was learned is kept."""
     d = json.loads(STATE_JSON_BEFORE_TYPED_CAUSES)
-    d["history"][0]["cause"] = "cuda_oom_sometime"
-    with pytest.raises(ValueError, match="cuda_oom_sometime"):
-        Learned.from_dict(d)
+    d["history"][0].update(cause="cuda_oom_sometime", remedy="pray", phase="dreaming")
+    learned = Learned.from_dict(d)
+    assert learned.fraction == d["fraction"] and learned.oom_fractions
+    record = learned.history[0]
+    assert (record.cause, record.remedy, record.phase) == (Cause.OTHER, Remedy.RESTART, Phase.STARTING)
 
 
 def test_learned_from_a_minimal_dict() -> None:

@@ -42,14 +42,16 @@ def test_start_to_ready_with_the_startup_facts_read_from_the_real_lines(night: n
 
 
 def test_sigkilled_scheduler_is_noticed_read_as_other_and_relaunched(night: nights.Night) -> None:
-    """A scheduler SIGKILLed from outside with no OOM-killer record: EXITED in well under a
-    second (long before SGLang's 5 s diagnostics sleep ends), read as `other` with the
-    evidence, relaunched and READY again, no process of the old tree left."""
+    """A scheduler SIGKILLed from outside with no OOM-killer record: noticed through the
+    scheduler's own death (not when SGLang's main process ends after its diagnostics; how
+    soon is measured in bench/bench_real.py), read as `other` with the evidence, relaunched
+    and READY again, no process of the old tree left."""
     c = crash(night, 0)
     assert c["cause"] == "other", c
     assert "SIGKILL" in " ".join(c["evidence"]) and "no OOM-killer record" in " ".join(c["evidence"]), c
     assert c["part_died"] and c["part_died"].startswith("sglang::scheduler")
-    assert night.timings["sigkill_noticed_s"] < 1.0, night.timings
+    downs = [e for e in night.events if e.get("event") == "server_down"]
+    assert downs[0]["title"].startswith("sglang::scheduler"), downs[0]
     assert night.leftovers["sigkill"] == []
 
 
