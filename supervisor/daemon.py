@@ -639,22 +639,44 @@ def _version() -> str:
 
 
 def cgroup_oom_kills(path: str | None = None) -> int | None:
-    """``oom_kill`` of a cgroup v2 ``memory.events`` (default: this process's own cgroup's).
+    """The OOM killer's count for this process's own memory cgroup (or the file at ``path``).
 
     Under the hardened unit the kernel log is out of reach (ProtectKernelLogs=yes) but the
     service's own cgroup files are readable, and the server runs in that cgroup: a rise of
-    this count while it ran is the OOM killer's record. None when it cannot be read."""
-    if path is None:
+    this count while it ran is the OOM killer's record. cgroup v2 keeps it in
+    ``memory.events``, v1 (and hybrid hosts) in ``memory.oom_control``; both say
+    ``oom_kill N``. None when nothing can be read."""
+    if path is not None:
+        candidates = [path]
+    else:
         try:
-            line = next(
-                (ln for ln in Path("/proc/self/cgroup").read_text().splitlines() if ln.startswith("0::")), None
-            )
+            candidates = oom_kill_files(Path("/proc/self/cgroup").read_text())
         except OSError:
             return None
-        if line is None:
-            return None
-        path = f"/sys/fs/cgroup{line[3:].strip()}/memory.events"
-    try:
-        return read_oom_kill_count(Path(path).read_text())
-    except OSError:
-        return None
+    for candidate in candidates:
+        try:
+            count = read_oom_kill_count(Path(candidate).read_text())
+        except OSError:
+            continue
+        if count is not None:
+            return count
+    return None
+
+
+def oom_kill_files(proc_self_cgroup: str, root: str = "/sys/fs/cgroup") -> list[str]:
+    """Where a process's memory cgroup keeps its ``oom_kill`` count, from its
+    ``/proc/self/cgroup`` text (pure): the v2 path (plain or under ``unified`` on hybrid
+    hosts) and the v1 memory controller's."""
+    files: list[str] = []
+    for line in proc_self_cgroup.splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, cgroup = rest.partition(":")
+        if not cgroup:
+            continue
+        cgroup = cgroup.strip()
+        if hierarchy == "0" and controllers == "":
+            files += [f"{root}{cgroup}/memory.events".replace("//", "/"),
+                      f"{root}/unified{cgroup}/memory.events".replace("//", "/")]
+        elif "memory" in controllers.split(","):
+            files.append(f"{root}/memory{cgroup}/memory.oom_control".replace("//", "/"))
+    return files

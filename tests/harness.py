@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +72,8 @@ def write_config(tmp: Path, sections: dict[str, dict[str, Any]] | None = None, *
 class DaemonRun:
     """``sglang-supervisor run`` as a subprocess, its stderr (JSON lines) in a file."""
 
-    def __init__(self, config: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, config: Path, *extra: str, env: dict[str, str] | None = None,
+                 wrapper: Sequence[str] = ()) -> None:
         self.config = config
         n = 1
         while config.with_suffix(f".{n}.log.jsonl").exists():
@@ -80,7 +81,7 @@ class DaemonRun:
         self.log_path = config.with_suffix(f".{n}.log.jsonl")  # one file per daemon run
         self._log = open(self.log_path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "supervisor.cli", "run", "--config", str(config), *extra],
+            [*wrapper, sys.executable, "-m", "supervisor.cli", "run", "--config", str(config), *extra],
             stdout=subprocess.DEVNULL,
             stderr=self._log,
             cwd=REPO,

@@ -241,3 +241,33 @@ def test_world_writable_config_is_refused(tmp_path):
     r = subprocess.run([sys.executable, "-m", "supervisor.cli", "check-config", "--config", str(cfg)],
                        capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 2 and "writable by group or others" in r.stderr
+
+
+@pytest.mark.parametrize(("text", "files"), [
+    ("0::/system.slice/sglang-supervisor@kimi.service\n",  # cgroup v2
+     ["/sys/fs/cgroup/system.slice/sglang-supervisor@kimi.service/memory.events",
+      "/sys/fs/cgroup/unified/system.slice/sglang-supervisor@kimi.service/memory.events"]),
+    ("12:memory:/system.slice/x.service\n11:cpu,cpuacct:/system.slice/x.service\n0::/system.slice/x.service\n",  # hybrid
+     ["/sys/fs/cgroup/memory/system.slice/x.service/memory.oom_control",
+      "/sys/fs/cgroup/system.slice/x.service/memory.events",
+      "/sys/fs/cgroup/unified/system.slice/x.service/memory.events"]),
+    ("4:memory:/\n", ["/sys/fs/cgroup/memory/memory.oom_control"]),  # v1, root
+    ("garbage\n", []),
+])
+def test_oom_kill_files_for_v1_v2_and_hybrid_hosts(text, files):
+    """Where the OOM killer's count of the daemon's own cgroup lives, whatever the hierarchy."""
+    from supervisor.daemon import oom_kill_files
+
+    assert oom_kill_files(text) == files
+
+
+def test_cgroup_oom_kills_reads_both_formats(tmp_path):
+    """v2's memory.events and v1's memory.oom_control both say ``oom_kill N``; unreadable is None."""
+    from supervisor.daemon import cgroup_oom_kills
+
+    v2 = tmp_path / "memory.events"
+    v2.write_text("low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\noom_group_kill 0\n")
+    v1 = tmp_path / "memory.oom_control"
+    v1.write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 5\n")
+    assert (cgroup_oom_kills(str(v2)), cgroup_oom_kills(str(v1))) == (2, 5)
+    assert cgroup_oom_kills(str(tmp_path / "missing")) is None
