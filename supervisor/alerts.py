@@ -39,11 +39,12 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 import aiomqtt
 import structlog
 from aiomqtt.exceptions import MqttConnectError
+from structlog.typing import FilteringBoundLogger
 
 from supervisor.config import Config, MqttConfig
 from supervisor.events import ALERT_KINDS
@@ -70,7 +71,7 @@ TRUNCATION_MARKER = "\n... [truncated {n} chars]"
 # paho's own (debug) log lines go here; they carry flags, never the password.
 _PAHO_LOG = logging.getLogger("supervisor.alerts.mqtt")
 
-HealthCallback = Callable[[str, Any], None]
+HealthCallback = Callable[[str, object], None]
 """``on_health(kind, value)``: ("alert_sent", alert kind), ("alert_dropped", alert kind),
 ("mqtt_connected", bool), ("mqtt_connect_failed", short reason)."""
 
@@ -134,7 +135,7 @@ RECONNECT_JITTER = (0.5, 1.0)
 MESSAGE_MAX_CHARS = 500  # one sentence for a phone; a gave_up reason or GPU list can be long
 
 
-def truncate_evidence(evidence: Any, max_chars: int) -> str:
+def truncate_evidence(evidence: object, max_chars: int) -> str:
     """Evidence lines joined by newlines, cut to ``max_chars`` with a marker saying so."""
     if evidence is None:
         return ""
@@ -173,29 +174,29 @@ class Context:
             self.crashes = 0
 
 
-def _fraction(value: Any) -> str:
+def _fraction(value: object) -> str:
     return "SGLang's default fraction" if value is None else f"{value:g}" if isinstance(value, float | int) else str(value)
 
 
-def _seconds(value: Any) -> str:
+def _seconds(value: object) -> str:
     return f"{round(float(value), 1):g} s" if isinstance(value, float | int) else "a moment"
 
 
-def _cause_words(cause: Any) -> str:
-    try:
-        return Cause(cause).summary
-    except (ValueError, TypeError):
-        return f"an error ({cause})" if cause else "an unknown error"
+def _cause_words(cause: object) -> str:
+    if isinstance(cause, str):
+        with contextlib.suppress(ValueError):
+            return Cause.parse(cause).summary
+    return f"an error ({cause})" if cause else "an unknown error"
 
 
-def _died_of(cause: Any, phase: Any) -> str:
+def _died_of(cause: object, phase: object) -> str:
     words = _cause_words(cause)
     if phase and " while " not in words and " during " not in words:
         words += f" while {phase}"
     return words
 
 
-def _gb(value: Any) -> str:
+def _gb(value: object) -> str:
     return f"{value:.1f} GB" if isinstance(value, float | int) else "? GB"
 
 
@@ -249,7 +250,7 @@ def describe(kind: str, fields: Mapping[str, Any], *, host: str, instance: str, 
     return f"{who}: {kind}"
 
 
-def _before_after(kind: str, fields: Mapping[str, Any], context: Context) -> tuple[Any, Any]:
+def _before_after(kind: str, fields: Mapping[str, Any], context: Context) -> tuple[object, object]:
     f = fields.get
     if kind in ("crash", "headroom_low"):
         return f("mem_fraction_static"), f("next_mem_fraction_static")
@@ -264,6 +265,40 @@ def _before_after(kind: str, fields: Mapping[str, Any], context: Context) -> tup
     return None, None
 
 
+class AlertPayload(TypedDict):
+    """The JSON of one alert (docs/alerts.md); the values taken from event fields are as given."""
+
+    schema: int
+    ts: str
+    host: str
+    instance: str
+    id: str
+    kind: str
+    severity: str
+    cause: object
+    evidence: str
+    mem_fraction_static: object
+    next_mem_fraction_static: object
+    attempt: object
+    next_retry_s: object
+    message: str
+
+
+# The retained state snapshot; functional syntax because "from" is a keyword.
+StatePayload = TypedDict("StatePayload", {
+    "schema": int,
+    "ts": str,
+    "host": str,
+    "instance": str,
+    "state": object,
+    "from": object,
+    "reason": object,
+    "mem_fraction_static": object,
+    "restarts": object,
+    "last_cause": object,
+})
+
+
 def build_alert(
     event: str,
     fields: Mapping[str, Any],
@@ -274,7 +309,7 @@ def build_alert(
     alert_id: str,
     evidence_max_chars: int,
     context: Context,
-) -> dict[str, Any] | None:
+) -> AlertPayload | None:
     """The JSON payload for an alert event, or None when ``event`` is not an alert."""
     kind = DRILL if event == DRILL else ALERT_KINDS.get(event)
     if kind is None:
@@ -303,7 +338,7 @@ def build_alert(
     }
 
 
-def build_state(fields: Mapping[str, Any], *, host: str, instance: str, ts: datetime) -> dict[str, Any]:
+def build_state(fields: Mapping[str, Any], *, host: str, instance: str, ts: datetime) -> StatePayload:
     """The retained state snapshot sent on ``state_changed``."""
     f = fields.get
     return {
@@ -320,7 +355,7 @@ def build_state(fields: Mapping[str, Any], *, host: str, instance: str, ts: date
     }
 
 
-def _dumps(payload: Mapping[str, Any]) -> bytes:
+def _dumps(payload: Mapping[str, object]) -> bytes:
     return json.dumps(payload, default=str, ensure_ascii=False, separators=(",", ":")).encode()
 
 
@@ -346,7 +381,7 @@ def _read_password_file(path: str) -> tuple[str, int]:
         return fh.read().rstrip("\r\n"), mode
 
 
-async def _password(cfg: MqttConfig, log: Any, warned: set[str]) -> str | None:
+async def _password(cfg: MqttConfig, log: FilteringBoundLogger, warned: set[str]) -> str | None:
     """The broker password from ``password_file`` (None when there is none)."""
     if not cfg.password_file:
         return None
@@ -466,7 +501,7 @@ class MqttAlerter:
         *,
         host: str,
         instance: str,
-        logger: Any = None,
+        logger: FilteringBoundLogger | None = None,
         on_health: HealthCallback | None = None,
         clock: Callable[[], datetime] = utcnow,
         rng: random.Random | None = None,
@@ -522,8 +557,8 @@ class MqttAlerter:
     def _emit(self, event: str, fields: Mapping[str, Any]) -> None:
         now = self._clock()
         if event == "state_changed":
-            payload = build_state(fields, host=self._host, instance=self._instance, ts=now)
-            self._state_msg = Outgoing(self.topics.state, _dumps(payload), self._cfg.qos, True, "state")
+            state = build_state(fields, host=self._host, instance=self._instance, ts=now)
+            self._state_msg = Outgoing(self.topics.state, _dumps(state), self._cfg.qos, True, "state")
             self._wake.set()
         else:
             alert_id = str(uuid.uuid4())
@@ -548,7 +583,7 @@ class MqttAlerter:
                           reason=f"outbox full ({self._cfg.outbox_size}) while the broker is away")
         self._health("alert_dropped", msg.kind)
 
-    def _health(self, kind: str, value: Any) -> None:
+    def _health(self, kind: str, value: object) -> None:
         if self._on_health is None:
             return
         try:
@@ -706,7 +741,7 @@ async def drill(
     host: str,
     instance: str,
     timeout_s: float = 10.0,
-    logger: Any = None,
+    logger: FilteringBoundLogger | None = None,
     clock: Callable[[], datetime] = utcnow,
 ) -> DrillResult:
     """Publish one ``drill`` alert (QoS >= 1) and report whether the broker acknowledged it.

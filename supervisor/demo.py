@@ -20,9 +20,12 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from .config import Config, load_config
+
+if TYPE_CHECKING:  # loadgen (aiohttp) is imported only when the demo runs
+    from .loadgen import LoadResult
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "etc" / "demo.toml"
 
@@ -175,12 +178,12 @@ async def _run(args: argparse.Namespace, cfg: Config, workdir: Path) -> int:
 
 
 def _verdict(scenario: str, t: Timeline, outcome: dict[str, Any], code: int, out: IO[str]) -> int:
-    load = outcome.get("load")
+    load: LoadResult | None = outcome.get("load")
     crashes = t.count("crash")
     ooms = t.count("crash", cause="cuda_oom_runtime")
     checks = {
         "daemon exited cleanly": code == 0,
-        "load completed": bool(load) and load.failed == 0 and load.completed == 182,
+        "load completed": load is not None and load.failed == 0 and load.completed == 182,
         "final fraction 0.88": t.fraction is not None and abs(t.fraction - 0.88) < 1e-9,
     }
     if scenario == "oom":

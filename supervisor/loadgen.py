@@ -80,7 +80,7 @@ async def run_load(
 
     async def one(words: int, seed: int, http: aiohttp.ClientSession) -> bool:
         nonlocal attempts
-        payload = {"text": prompt(words, seed), "sampling_params": {"max_new_tokens": max_new_tokens}}
+        payload: dict[str, object] = {"text": prompt(words, seed), "sampling_params": {"max_new_tokens": max_new_tokens}}
         while (left := deadline - loop.time()) > 0:
             attempts += 1
             try:

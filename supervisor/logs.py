@@ -10,9 +10,10 @@ import logging
 import sys
 import time
 from collections.abc import Mapping
-from typing import IO, Any
+from typing import IO, Any, TextIO, cast
 
 import structlog
+from structlog.typing import EventDict, FilteringBoundLogger, Processor, WrappedLogger
 
 from .events import QUIET_EVENTS
 
@@ -52,7 +53,7 @@ def redact_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
     return out
 
 
-def _add_monotonic(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def _add_monotonic(_logger: WrappedLogger, _name: str, event_dict: EventDict) -> EventDict:
     event_dict.setdefault("mono", round(time.monotonic(), 6))
     return event_dict
 
@@ -62,7 +63,7 @@ def configure(fmt: str = "auto", level: str = "info", stream: IO[str] | None = N
     stream = stream or sys.stderr
     if fmt == "auto":
         fmt = "console" if getattr(stream, "isatty", lambda: False)() else "json"
-    renderer: Any = (
+    renderer: Processor = (
         structlog.dev.ConsoleRenderer(colors=False)
         if fmt == "console"
         else structlog.processors.JSONRenderer(sort_keys=False)
@@ -77,7 +78,8 @@ def configure(fmt: str = "auto", level: str = "info", stream: IO[str] | None = N
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(stream),
+        # PrintLogger only writes and flushes, which any IO[str] does; its stub asks for TextIO.
+        logger_factory=structlog.PrintLoggerFactory(cast(TextIO, stream)),
         cache_logger_on_first_use=False,
     )
     return structlog.get_logger("sglang-supervisor")
@@ -86,7 +88,7 @@ def configure(fmt: str = "auto", level: str = "info", stream: IO[str] | None = N
 class LogSink:
     """EventSink writing each event as one structured log line."""
 
-    def __init__(self, logger: Any) -> None:
+    def __init__(self, logger: FilteringBoundLogger) -> None:
         self.log = logger
 
     def emit(self, event: str, fields: Mapping[str, Any]) -> None:

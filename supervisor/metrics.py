@@ -20,12 +20,13 @@ token usage, latency) is not duplicated here; see docs/metrics.md for scraping b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 from wsgiref.simple_server import WSGIServer
 
 import structlog
@@ -73,34 +74,39 @@ ALERT_KIND_LABELS = (*sorted(set(ALERT_KINDS.values())), "other")
 
 log = structlog.get_logger(__name__)
 
+# An event's fields as the handlers read them: every value is checked before use.
+Fields = Mapping[str, object]
+
 
 class MetricsError(Exception):
     """The metrics endpoint could not be served (bad address, port taken)."""
 
 
-def _number(value: Any) -> float | None:
+def _number(value: object) -> float | None:
     """A finite float from an event field, or None (absent, null, garbage)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    value = float(value)
-    return value if math.isfinite(value) else None
+    number = float(value)
+    return number if math.isfinite(number) else None
 
 
-def _gauge_value(value: Any, scale: float = 1.0) -> float:
+def _gauge_value(value: object, scale: float = 1.0) -> float:
     """An event field as a gauge value: NaN when unknown, so comparisons are false."""
     number = _number(value)
     return NAN if number is None else number * scale
 
 
-def _cause(value: Any) -> str:
+def _cause(value: object) -> str:
     """A bounded cause label: the ``Cause`` value, or "other"."""
-    try:
-        return str(Cause(value))
-    except ValueError:
-        return str(Cause.OTHER)
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return str(Cause.parse(value))
+    return str(Cause.OTHER)
 
 
-def _state(value: Any) -> State | None:
+def _state(value: object) -> State | None:
+    if not isinstance(value, str):
+        return None
     try:
         return State(value)
     except ValueError:
@@ -207,7 +213,7 @@ class Metrics:
         self.headroom_min.set(_gauge_value(headroom_min_gb, GIB))
         self._set_state(State.STOPPED)
 
-        self._handlers: dict[str, Callable[[Mapping[str, Any]], None]] = {
+        self._handlers: dict[str, Callable[[Fields], None]] = {
             "launch": self._on_launch,
             "state_changed": self._on_state_changed,
             "server_ready": self._on_server_ready,
@@ -229,7 +235,7 @@ class Metrics:
 
     # -- EventSink ---------------------------------------------------------------------
 
-    def emit(self, event: str, fields: Mapping[str, Any]) -> None:
+    def emit(self, event: str, fields: Fields) -> None:
         """Update the metrics an event touches; unknown events are ignored. Never raises."""
         try:
             if event in COUNTED_EVENTS:
@@ -240,7 +246,7 @@ class Metrics:
         except Exception as exc:  # a sink must never raise into a restart decision
             log.warning("metrics_event_failed", daemon_event=event, error=repr(exc))
 
-    def alerting_health(self, kind: str, value: Any) -> None:
+    def alerting_health(self, kind: str, value: object) -> None:
         """The MQTT adapter's ``on_health(kind, value)`` hook, e.g. ("alert_sent", "crash")."""
         field = ALERTING_HEALTH_FIELDS.get(kind)
         if field is not None:
@@ -270,7 +276,7 @@ class Metrics:
         rungs = [x for x in (_number(v) for v in ladder) if x is not None]
         self.fraction_floor.set(min(rungs) if rungs else NAN)
 
-    def _set_run_settings(self, fields: Mapping[str, Any]) -> None:
+    def _set_run_settings(self, fields: Fields) -> None:
         """The fraction and host cache size the current run was launched with."""
         if "mem_fraction_static" in fields:
             self.fraction.set(_gauge_value(fields["mem_fraction_static"]))
@@ -279,7 +285,7 @@ class Metrics:
 
     # -- handlers --------------------------------------------------------------------------
 
-    def _on_launch(self, fields: Mapping[str, Any]) -> None:
+    def _on_launch(self, fields: Fields) -> None:
         self.launches.inc()
         self._set_run_settings(fields)
         self.ladder_rung.set(_gauge_value(fields.get("rung")))
@@ -291,26 +297,26 @@ class Metrics:
         self.gpu_memory_stuck.set(0)
         self._refresh()
 
-    def _on_state_changed(self, fields: Mapping[str, Any]) -> None:
+    def _on_state_changed(self, fields: Fields) -> None:
         state = _state(fields.get("to"))
         if state is not None:
             if state is State.READY and self._state is not State.READY:
                 self._probe_ok = True  # READY means /health just answered 200
             self._set_state(state)
 
-    def _on_server_ready(self, fields: Mapping[str, Any]) -> None:
+    def _on_server_ready(self, fields: Fields) -> None:
         self._on_recovered(fields)
         startup_s = _number(fields.get("startup_s"))
         if startup_s is not None:
             self.startup_duration.observe(startup_s)
         self.consecutive_failures.set(0)
 
-    def _on_recovered(self, fields: Mapping[str, Any]) -> None:
+    def _on_recovered(self, fields: Fields) -> None:
         self._set_run_settings(fields)
         self._probe_ok = True
         self._refresh()
 
-    def _on_startup_facts(self, fields: Mapping[str, Any]) -> None:
+    def _on_startup_facts(self, fields: Fields) -> None:
         ranks = fields.get("ranks")
         if not isinstance(ranks, Mapping):
             return
@@ -322,7 +328,7 @@ class Metrics:
                 if value is not None:
                     rank_gauge.labels(str(rank)).set(value * scale)
 
-    def _on_crash(self, fields: Mapping[str, Any]) -> None:
+    def _on_crash(self, fields: Fields) -> None:
         self.crashes.labels(_cause(fields.get("cause"))).inc()
         self.last_crash.set(self._clock())
         failures = _number(fields.get("consecutive_failures"))
@@ -331,34 +337,37 @@ class Metrics:
         self._probe_ok = False
         self._refresh()
 
-    def _on_restart_scheduled(self, fields: Mapping[str, Any]) -> None:
+    def _on_restart_scheduled(self, fields: Fields) -> None:
         self.restarts.labels(_cause(fields.get("cause"))).inc()
         self.backoff_delay.set(_number(fields.get("delay_s")) or 0)
 
-    def _on_gave_up(self, fields: Mapping[str, Any]) -> None:
+    def _on_gave_up(self, fields: Fields) -> None:
         self._gave_up = True
         self._refresh()
 
-    def _on_headroom_low(self, fields: Mapping[str, Any]) -> None:
+    def _on_headroom_low(self, fields: Fields) -> None:
         threshold = _number(fields.get("threshold_gb"))
         if threshold is not None:
             self.headroom_min.set(threshold * GIB)
 
-    def _on_gpu_memory_stuck(self, fields: Mapping[str, Any]) -> None:
+    def _on_gpu_memory_stuck(self, fields: Fields) -> None:
         self.gpu_memory_stuck.set(1)
 
-    def _on_gpu_sample(self, fields: Mapping[str, Any]) -> None:
-        for gpu in fields.get("gpus") or ():
+    def _on_gpu_sample(self, fields: Fields) -> None:
+        # gpus is a list of {index, uuid, total_bytes, free_bytes} (supervisor.events); a
+        # malformed one raises here and emit logs it; the cast checks nothing.
+        gpus = cast("Iterable[Mapping[str, object]]", fields.get("gpus") or ())
+        for gpu in gpus:
             labels = (str(gpu["index"]), str(gpu.get("uuid") or ""))
             for metric, key in ((self.gpu_total, "total_bytes"), (self.gpu_free, "free_bytes")):
                 value = _number(gpu.get(key))
                 if value is not None:
                     metric.labels(*labels).set(value)
 
-    def _on_gpu_probe_error(self, fields: Mapping[str, Any]) -> None:
+    def _on_gpu_probe_error(self, fields: Fields) -> None:
         self.gpu_probe_errors.inc()
 
-    def _on_probe(self, fields: Mapping[str, Any]) -> None:
+    def _on_probe(self, fields: Fields) -> None:
         if self._state is State.STARTING:
             return  # startup polls: refused by design until ready; startup_duration covers it
         duration = _number(fields.get("duration_s"))
@@ -371,22 +380,22 @@ class Metrics:
         self._refresh()
 
     @staticmethod
-    def _kind(fields: Mapping[str, Any]) -> str:
+    def _kind(fields: Fields) -> str:
         kind = fields.get("kind")
-        return kind if kind in ALERT_KIND_LABELS else "other"
+        return kind if isinstance(kind, str) and kind in ALERT_KIND_LABELS else "other"
 
-    def _on_alert_sent(self, fields: Mapping[str, Any]) -> None:
+    def _on_alert_sent(self, fields: Fields) -> None:
         self.alerts_sent.labels(self._kind(fields)).inc()
 
-    def _on_alert_dropped(self, fields: Mapping[str, Any]) -> None:
+    def _on_alert_dropped(self, fields: Fields) -> None:
         self.alerts_dropped.labels(self._kind(fields)).inc()
 
-    def _on_mqtt_connected(self, fields: Mapping[str, Any]) -> None:
+    def _on_mqtt_connected(self, fields: Fields) -> None:
         self.mqtt_connected.set(1 if fields.get("connected") else 0)
 
-    def _on_mqtt_connect_failed(self, fields: Mapping[str, Any]) -> None:
+    def _on_mqtt_connect_failed(self, fields: Fields) -> None:
         reason = fields.get("reason")
-        self.mqtt_connect_failures.labels(reason if reason in MQTT_FAILURE_REASONS else "error").inc()
+        self.mqtt_connect_failures.labels(reason if isinstance(reason, str) and reason in MQTT_FAILURE_REASONS else "error").inc()
 
 
 # -- the endpoint ------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import collections
 import contextlib
 import fcntl
 import fnmatch
+import io
 import os
 import signal
 import time
@@ -68,7 +69,7 @@ class RotatingLog:
         self.on_error = on_error
         self.dropped_bytes = 0
         self._failing = False
-        self._file = None
+        self._file: io.FileIO | None = None
         self._size = 0
         self._open()
 

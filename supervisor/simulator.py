@@ -1595,8 +1595,9 @@ class Frontend:
         started = time.monotonic()
         rid, fut = self.submit("req", self.leaders[0], tokens=1, max_new=1)
         progress = asyncio.ensure_future(self.progress.wait())
+        waiters: set[asyncio.Future[Any]] = {fut, progress}
         try:  # like SGLang: any output from the scheduler while we wait proves it is alive
-            done, _ = await asyncio.wait({fut, progress}, timeout=self.cfg.health_timeout_s,
+            done, _ = await asyncio.wait(waiters, timeout=self.cfg.health_timeout_s,
                                          return_when=asyncio.FIRST_COMPLETED)
         finally:
             progress.cancel()
