@@ -220,8 +220,10 @@ async def run_daemon_async(
     """Build the real adapters around a ``Daemon`` and run it to the end."""
     from prometheus_client import CollectorRegistry
 
-    from . import gpu, logs
-    from .daemon import Daemon, Ports
+    from . import cleanup, control, gpu, logs, preflight
+    from .daemon import Daemon, Ports, cgroup_oom_kills
+    from .health import HealthProber
+    from .process import ServerProcess
     from .sdnotify import Notifier
     from .store import StateStore
 
@@ -259,6 +261,13 @@ async def run_daemon_async(
         store=StateStore(cfg.state.dir),
         sinks=sinks,
         logger=logger,
+        cleanup=cleanup,
+        preflight=preflight,
+        spawner=ServerProcess,
+        prober=HealthProber,
+        gpu_monitor=gpu.GpuMonitor,
+        start_control=control.ControlServer.start,
+        oom_kills=cgroup_oom_kills,
         gpu_probe=gpu.make_probe(cfg.gpu),
         notifier=Notifier.from_env(),
         reload=reload,

@@ -5,6 +5,12 @@ was learned, tell systemd we supervise, then loop: one event at a time through
 ``machine.step``, each returned action carried out here. Slow work (clearing the GPUs,
 probes, stopping the server) runs in tasks that post their outcome back as events, so no
 adapter can delay a decision. Signal handlers only queue an event.
+
+The daemon reaches the world only through its ports (``ports.Ports``: the store, cleanup,
+preflight, the server spawner, the health prober, the GPU monitor, the control socket, the
+cgroup ``oom_kill`` reader); the CLI passes the real adapters, tests their fakes. A task
+that fails (rather than being cancelled) ends the daemon, as in a ``TaskGroup``:
+``daemon_failed``, the server stopped, exit ``EXIT_DAEMON_FAILED`` for systemd to restart.
 """
 
 from __future__ import annotations
@@ -13,21 +19,17 @@ import asyncio
 import contextlib
 import datetime as _dt
 import os
-import random
 import signal
-import socket
 import time
 import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from . import cleanup, control, gpu, machine, preflight
+from . import cleanup, control, gpu, machine
 from .config import Config, ConfigError
 from .diagnosis import diagnose, read_oom_kill_count
-from .events import EventSink
-from .health import HealthProber
 from .machine import (
     Boot,
     CancelTimer,
@@ -60,10 +62,11 @@ from .machine import (
     TimerFired,
 )
 from .model import Cause, ExitStatus, State
-from .process import ProcessError, RotatingLog, ServerProcess, server_env
+from .ports import ControlHandle, Monitor, NullNotifier, Ports, Prober, ServerHandle
+from .process import ProcessError, RotatingLog, server_env
 from .sdnotify import watchdog_loop
 from .startup_facts import StartupFactsParser
-from .store import StateStore, StoreError
+from .store import StoreError
 
 KERNEL_LOG_TAIL = 256 * 1024
 
@@ -72,32 +75,19 @@ def wall_now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-class NullNotifier:
-    """systemd's notify protocol when nobody listens: every call does nothing."""
+__all__ = ["EXIT_DAEMON_FAILED", "Daemon", "NullNotifier", "Ports", "cgroup_oom_kills", "oom_kill_files"]
 
-    def ready(self) -> None: ...
-    def status(self, text: str) -> None: ...
-    def stopping(self) -> None: ...
-    def reloading(self) -> None: ...
-    def watchdog(self) -> None: ...
-    def watchdog_interval(self) -> float | None:
-        return None
+# A background task failed: the daemon stopped its server and exits with this code, which
+# systemd's Restart=on-failure restarts (2 is reserved for "a restart cannot help").
+EXIT_DAEMON_FAILED = 1
 
 
-@dataclass
-class Ports:
-    """The adapters the daemon drives; the CLI builds the real ones, tests their fakes."""
+@dataclass(frozen=True, slots=True)
+class _TaskFailed:
+    """A background task ended with an error (the shell's own event, never the core's)."""
 
-    store: StateStore
-    sinks: list[EventSink]
-    logger: Any
-    gpu_probe: gpu.GpuProbe = field(default_factory=gpu.NoneProbe)
-    notifier: Any = field(default_factory=NullNotifier)  # sdnotify.Notifier in production
-    rng: random.Random = field(default_factory=random.Random)
-    reload: Callable[[], Config] | None = None  # SIGHUP: re-read the config
-    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
-    host: str = field(default_factory=socket.gethostname)
-    install_signals: bool = True
+    task: str
+    error: BaseException
 
 
 class Daemon:
@@ -107,9 +97,9 @@ class Daemon:
         self.log = ports.logger
         self.instance = cfg.mqtt.instance or cfg.name
         self.core: Core | None = None
-        self.server: ServerProcess | None = None
+        self.server: ServerHandle | None = None
         self.exit_code: int | None = None
-        self._queue: asyncio.Queue[machine.Event] = asyncio.Queue()
+        self._queue: asyncio.Queue[machine.Event | _TaskFailed] = asyncio.Queue()
         self._timers: dict[Timer, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._launch_task: asyncio.Task[None] | None = None
@@ -121,14 +111,16 @@ class Daemon:
         self._server_since: float | None = None
         self._store_failing = False
         self._facts: StartupFactsParser | None = None
-        self._prober: HealthProber | None = None
-        self._gpu_monitor: gpu.GpuMonitor | None = None
+        self._prober: Prober | None = None
+        self._gpu_monitor: Monitor | None = None
         self._last_saved: dict[str, Any] | None = None
         # Our mark on every server we launch (cleanup.MARK_VAR): what makes a process provably ours.
         self.instance_id = cleanup.instance_id(cfg.state.dir)
         self._launch_nonce: str | None = None
         self._oom_kills_at_launch: int | None = None
-        self._control: control.ControlServer | None = None
+        self._control: ControlHandle | None = None
+        self._failure: _TaskFailed | None = None  # the first background task that failed
+        self._closing = False
 
     # -- the table of contents --------------------------------------------------------------
 
@@ -147,7 +139,11 @@ class Daemon:
             self.p.notifier.ready()
             self.feed(Boot())
             while self.exit_code is None:
-                self.feed(await self._queue.get())
+                event = await self._queue.get()
+                if isinstance(event, _TaskFailed):
+                    self._fail(event)
+                else:
+                    self.feed(event)
             return self.exit_code
         finally:
             await self._shutdown()
@@ -231,7 +227,7 @@ class Daemon:
             gpus = await self._sample_or_none()
             holders = {p.pid: (g.index, p.used_bytes) for g in gpus for p in g.processes}
             report = await asyncio.to_thread(
-                cleanup.find_stale,
+                self.p.cleanup.find_stale,
                 recorded_pgid=self._recorded_pgid,
                 gpu_pids=list(holders),
                 own_pid=os.getpid(),
@@ -252,7 +248,7 @@ class Daemon:
                 return
             foreign = report.foreign or report.port_holders
             if report.ours or (foreign and cfg.gpu.kill_foreign):
-                killed = await cleanup.kill_stale(
+                killed = await self.p.cleanup.kill_stale(
                     report, grace_s=min(cfg.server.stop_grace_s, 10.0), kill_foreign=cfg.gpu.kill_foreign
                 )
                 self.emit(
@@ -280,7 +276,7 @@ class Daemon:
                     detail = result.describe(cfg.gpu.free_share_min)
                     self.post(PrepareFailed(Cause.GPU_MEMORY_STUCK, detail, True))
                     return
-            checks = await preflight.run_preflight(cfg, self.p.gpu_probe, degraded_ok=True)
+            checks = await self.p.preflight.run_preflight(cfg, self.p.gpu_probe, degraded_ok=True)
             failed = [c for c in checks if not c.ok]
             if failed:
                 self.emit(
@@ -325,7 +321,7 @@ class Daemon:
         env = server_env(cfg.server.pass_env, cfg.server.env, self.p.environ, mark)
         self._oom_kills_at_launch = await asyncio.to_thread(self._oom_kills)
         try:
-            server = await ServerProcess.spawn(
+            server = await self.p.spawner.spawn(
                 launch.argv, env=env, cwd=cfg.server.cwd or str(state_dir), log=log,
                 tail_bytes=cfg.logging.tail_bytes,
             )
@@ -362,7 +358,7 @@ class Daemon:
             if parser.facts.ready and self.server is not None:
                 self.server.on_line = None  # startup is over: stop parsing lines
 
-    async def _watch(self, server: ServerProcess) -> None:
+    async def _watch(self, server: ServerHandle) -> None:
         """Wait for the server to end; clean its leftovers; diagnose; report."""
         status = await server.wait()
         self.post(ServerDied(status))  # the state changes now; the diagnosis follows
@@ -390,7 +386,7 @@ class Daemon:
         if self._prober is None:
             s = self.cfg.server
             host = "127.0.0.1" if s.host in ("0.0.0.0", "::", "") else s.host
-            self._prober = HealthProber(f"http://{_host_for_url(host)}:{s.port}{self.cfg.health.path}", self.cfg.health.timeout_s)
+            self._prober = self.p.prober(f"http://{_host_for_url(host)}:{s.port}{self.cfg.health.path}", self.cfg.health.timeout_s)
         server = self.server
         if server is not None:
             known = len(server.tree_pids())
@@ -408,10 +404,10 @@ class Daemon:
                             "status": outcome.status, "error": None if ok else detail})
         self.post(ProbeResult(ok, detail))
 
-    def _port_is_ours(self, server: ServerProcess) -> tuple[bool, str]:
+    def _port_is_ours(self, server: ServerHandle) -> tuple[bool, str]:
         """(True, "") when a process of our server's tree listens on the port (blocking)."""
         port = self.cfg.server.port
-        holders = cleanup.listeners(port)
+        holders = self.p.cleanup.listeners(port)
         tree = set(server.tree_pids())
         if holders & tree or not holders:
             # No listener visible at all: /proc/net is not readable here; trust the answer.
@@ -506,7 +502,7 @@ class Daemon:
     async def _start_control(self) -> None:
         """The control socket (``restart``); a daemon without one still supervises."""
         try:
-            self._control = await control.ControlServer.start(
+            self._control = await self.p.start_control(
                 control.socket_path(self.cfg.state.dir), self._on_control
             )
         except control.ControlError as exc:
@@ -525,7 +521,7 @@ class Daemon:
         path = self.cfg.logging.memory_events
         if path == "off":
             return None
-        return cgroup_oom_kills(path or None)
+        return self.p.oom_kills(path or None)
 
     def _reload(self) -> None:
         if self.p.reload is None:
@@ -547,7 +543,7 @@ class Daemon:
         if interval:
             self._spawn(watchdog_loop(self.p.notifier, interval), "watchdog")
         if self.cfg.gpu.backend != "none":
-            self._gpu_monitor = gpu.GpuMonitor(
+            self._gpu_monitor = self.p.gpu_monitor(
                 self.p.gpu_probe,
                 interval_s=self.cfg.gpu.interval_s,
                 low_free_bytes=int(self.cfg.gpu.low_free_warn_gb * 1024**3),
@@ -563,10 +559,30 @@ class Daemon:
         return task
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
+        """A task that ends with an error ends the daemon (like a ``TaskGroup``): the core
+        may be waiting for the event it would have posted (``ServerExited`` from ``watch``)
+        and would otherwise wait forever. A cancelled task (a stale probe, shutdown) is not
+        a failure."""
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            exc = task.exception()
-            self.log.error("task_failed", task=task.get_name(), error=repr(exc)[:300])
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None:
+            return
+        self.log.error("task_failed", task=task.get_name(), error=repr(exc)[:300])
+        if not self._closing:
+            self._queue.put_nowait(_TaskFailed(task.get_name(), exc))
+
+    def _fail(self, failed: _TaskFailed) -> None:
+        """Say so loudly and leave: ``_shutdown`` stops the server (drained, then killed, as
+        on a normal stop), and the non-zero exit has systemd restart the daemon, which clears
+        its own marked server and relaunches."""
+        if self.exit_code is not None:
+            return
+        self._failure = failed
+        self.emit("daemon_failed", {"task": failed.task, "error": repr(failed.error)[:300],
+                                    "exit_code": EXIT_DAEMON_FAILED})
+        self.exit_code = EXIT_DAEMON_FAILED
 
     def _cancel_timer(self, name: Timer) -> None:
         handle = self._timers.pop(name, None)
@@ -574,12 +590,20 @@ class Daemon:
             handle.cancel()
 
     async def _shutdown(self) -> None:
+        self._closing = True  # a task failing from here on is only logged
         self.p.notifier.stopping()
         if self._control is not None:
             await self._control.close()
-        self.emit("daemon_stopping", {"reason": self.core.reason if self.core else "error"})
+        reason = self.core.reason if self.core else "error"
+        if self._failure is not None:
+            reason = f"task {self._failure.task} failed: {self._failure.error!r}"[:300]
+        self.emit("daemon_stopping", {"reason": reason})
         for name in list(self._timers):
             self._cancel_timer(name)
+        if self._launch_task is not None and not self._launch_task.done():
+            # A launch in flight (leaving after a failure): its server must not be missed below.
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._launch_task
         server = self.server
         if server is not None and server.returncode is None:
             # Leaving with a live server (an internal error): never leave it behind.
@@ -622,7 +646,7 @@ def _read_tail(path: str) -> str | None:
         return None
 
 
-def _rung(fraction: float, cfg: Config) -> int:
+def _rung(fraction: float | None, cfg: Config) -> int:
     from .policy import rung_of
 
     return rung_of(fraction, cfg.policy.fraction_ladder)

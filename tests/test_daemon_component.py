@@ -1,0 +1,376 @@
+"""The daemon's shell driven through fake ports: no subprocess, no socket, no GPU.
+
+Each test runs a real ``Daemon`` (the real core, the real event loop) whose adapters are the
+fakes below, under a deadline of a few seconds; the server is a ``FakeServer`` the test ends
+when it wants to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor.cleanup import StaleReport
+from supervisor.config import Config, HealthConfig, LoggingConfig, PolicyConfig, ServerConfig, StateConfig
+from supervisor.daemon import EXIT_DAEMON_FAILED, Daemon
+from supervisor.health import ProbeOutcome
+from supervisor.model import ExitStatus, State
+from supervisor.ports import Ports
+from supervisor.store import StoreError
+
+DEADLINE_S = 5.0
+
+
+# -- fakes ---------------------------------------------------------------------------------
+
+
+class Recorder:
+    """An event sink that keeps every event."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def emit(self, event: str, fields: Mapping[str, Any]) -> None:
+        self.events.append((event, dict(fields)))
+
+    def find(self, name: str) -> list[dict[str, Any]]:
+        return [f for e, f in self.events if e == name]
+
+
+class Logger:
+    """A structlog-shaped logger that keeps (level, event, fields)."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str, dict[str, Any]]] = []
+
+    def __getattr__(self, level: str) -> Callable[..., None]:
+        def log(event: str, **fields: Any) -> None:
+            self.lines.append((level, event, fields))
+
+        return log
+
+    def find(self, event: str) -> list[dict[str, Any]]:
+        return [f for _level, e, f in self.lines if e == event]
+
+
+class FakeStore:
+    def __init__(self, path: Path) -> None:
+        self.path = path / "state.json"
+        self.failing = False
+        self.saves: list[dict[str, Any]] = []
+        self.attempts = 0
+        self.released = False
+
+    def acquire(self) -> None: ...
+
+    def release(self) -> None:
+        self.released = True
+
+    def load(self) -> tuple[dict[str, Any] | None, str | None]:
+        return None, None
+
+    def save(self, data: dict[str, Any]) -> None:
+        self.attempts += 1
+        if self.failing:
+            raise StoreError(f"{self.path}: No space left on device")
+        self.saves.append(data)
+
+
+class FakeTail:
+    def get(self) -> bytes:
+        return b""
+
+
+class FakeServer:
+    """A server that runs until the test (``exit``) or a stop ends it."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = self.pgid = pid
+        self.tail = FakeTail()
+        self.last_output_at = asyncio.get_running_loop().time()
+        self.on_line: Callable[[str], None] | None = None
+        self.on_part_died: Callable[[int, str], None] | None = None
+        self.returncode: int | None = None
+        self.stopped_with: list[signal.Signals | None] = []
+        self.closed = False
+        self._ended: asyncio.Future[ExitStatus] = asyncio.get_running_loop().create_future()
+
+    def exit(self, code: int) -> None:
+        self.returncode = code
+        if not self._ended.done():
+            self._ended.set_result(ExitStatus.from_returncode(code))
+
+    def break_wait(self, exc: BaseException) -> None:
+        """Make ``wait()`` fail (the watcher dies); the server itself keeps running."""
+        self._ended.set_exception(exc)
+
+    async def wait(self) -> ExitStatus:
+        return await self._ended
+
+    def kill_leftovers(self) -> list[int]:
+        return []
+
+    async def drain_output(self, timeout_s: float) -> None: ...
+
+    def scan_descendants(self) -> list[tuple[int, str]]:
+        return []
+
+    def watch_parts(self, parts: Sequence[tuple[int, str]]) -> None: ...
+
+    def tree_pids(self) -> list[int]:
+        return [self.pid]
+
+    def tree(self) -> list[tuple[int, float]]:
+        return []
+
+    async def stop(self, grace_s: float, first: signal.Signals | None = signal.SIGTERM) -> ExitStatus:
+        self.stopped_with.append(first)
+        if self.returncode is None:
+            self.exit(-(first or signal.SIGKILL))
+        return ExitStatus.from_returncode(self.returncode or 0)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class FakeSpawner:
+    """Starts FakeServers; while ``gate`` is set, a launch waits for it (a launch in flight)."""
+
+    def __init__(self) -> None:
+        self.servers: list[FakeServer] = []
+        self.gate: asyncio.Event | None = None
+        self.spawning = asyncio.Event()
+
+    async def spawn(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None, log: Any,
+                    tail_bytes: int) -> FakeServer:
+        self.spawning.set()
+        if self.gate is not None:
+            await self.gate.wait()
+        server = FakeServer(1000 + len(self.servers))
+        self.servers.append(server)
+        log.close()
+        return server
+
+
+class FakeProber:
+    """Answers from ``answers`` (per call: a bool, or an Event to wait for, then 200); then ``default``."""
+
+    def __init__(self, default: bool = False) -> None:
+        self.default = default
+        self.answers: list[Any] = []
+        self.calls = 0
+        self.cancelled = 0
+
+    async def probe(self) -> ProbeOutcome:
+        self.calls += 1
+        answer = self.answers.pop(0) if self.answers else self.default
+        try:
+            if isinstance(answer, asyncio.Event):
+                await answer.wait()
+                answer = True
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        return ProbeOutcome(answer, 200 if answer else None, 0.001, "ok" if answer else "connection refused")
+
+    async def aclose(self) -> None: ...
+
+
+class FakeCleanup:
+    def find_stale(self, **kw: Any) -> StaleReport:
+        return StaleReport()
+
+    async def kill_stale(self, report: StaleReport, *, grace_s: float, kill_foreign: bool = False) -> list[int]:
+        return []
+
+    def listeners(self, port: int) -> set[int]:
+        return set()
+
+
+class FakePreflight:
+    async def run_preflight(self, cfg: Config, probe: Any, *, degraded_ok: bool = False) -> list[Any]:
+        return []
+
+
+class FakeControl:
+    async def close(self) -> None: ...
+
+
+async def start_control(path: Path, handler: Any) -> FakeControl:
+    return FakeControl()
+
+
+def no_gpu_monitor(*args: Any, **kw: Any) -> Any:
+    raise AssertionError("gpu backend 'none' builds no monitor")
+
+
+class Rig:
+    """A Daemon on fake ports, run as a task."""
+
+    def __init__(self, tmp_path: Path, **policy: Any) -> None:
+        self.cfg = Config(
+            server=ServerConfig(model_path="/models/m", stop_grace_s=1.0),
+            health=HealthConfig(startup_poll_s=0.01, interval_s=0.05, timeout_s=1.0),
+            policy=PolicyConfig(backoff_initial_s=0.01, backoff_max_s=0.02, **policy),
+            logging=LoggingConfig(memory_events="off"),
+            state=StateConfig(dir=str(tmp_path)),
+            name="component",
+        )
+        self.sink = Recorder()
+        self.logger = Logger()
+        self.store = FakeStore(tmp_path)
+        self.spawner = FakeSpawner()
+        self.prober = FakeProber()
+        ports = Ports(
+            store=self.store, sinks=[self.sink], logger=self.logger, cleanup=FakeCleanup(),
+            preflight=FakePreflight(), spawner=self.spawner, prober=lambda url, timeout_s: self.prober,
+            gpu_monitor=no_gpu_monitor, start_control=start_control, oom_kills=lambda path: None,
+            environ={}, host="testhost", install_signals=False,
+        )
+        self.daemon = Daemon(self.cfg, ports)
+        self.task: asyncio.Task[int] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self.daemon.run())
+
+    async def until(self, predicate: Callable[[], Any], what: str) -> None:
+        """Yield to the loop until ``predicate()`` holds (the test's deadline bounds it)."""
+        while not predicate():
+            if self.task is not None and self.task.done():
+                raise AssertionError(f"the daemon ended (exit {self.task.result()}) before: {what}")
+            await asyncio.sleep(0.002)
+
+    def state(self) -> State | None:
+        return self.daemon.core.state if self.daemon.core else None
+
+    async def stop(self) -> int:
+        self.daemon.request_stop("test")
+        assert self.task is not None
+        return await self.task
+
+
+# -- tests ---------------------------------------------------------------------------------
+
+
+async def test_a_probe_in_flight_when_the_server_exits_is_cancelled_and_never_speaks_for_the_next(tmp_path):
+    """A probe still waiting when its server exits is cancelled: its late 200 does not make
+    the next server READY, and a cancelled probe is no failure of the daemon."""
+    async with asyncio.timeout(DEADLINE_S):
+        rig = Rig(tmp_path)
+        late = asyncio.Event()
+        rig.prober.answers = [late]  # the first probe hangs; every later one is refused
+        rig.start()
+        await rig.until(lambda: rig.prober.calls >= 1, "the first probe")
+        first = rig.spawner.servers[0]
+        first.exit(1)
+        await rig.until(lambda: len(rig.spawner.servers) == 2, "the relaunch")
+        assert rig.prober.cancelled == 1
+        late.set()  # the old server's 200 would come in now, too late
+        await rig.until(lambda: rig.prober.calls >= 3, "probes of the second server")
+        assert rig.state() is State.STARTING
+        assert not rig.sink.find("server_ready")
+        assert all(not p["ok"] for p in rig.sink.find("probe"))
+        assert await rig.stop() == 0
+        assert not rig.sink.find("daemon_failed")
+        assert rig.spawner.servers[1].stopped_with == [signal.SIGTERM]
+
+
+async def test_a_stop_while_the_launch_is_in_flight_waits_for_it_and_stops_that_server(tmp_path):
+    """A stop that comes while the server is being spawned waits for the launch, then drains
+    the server it produced: none is left running and the daemon exits 0."""
+    async with asyncio.timeout(DEADLINE_S):
+        rig = Rig(tmp_path)
+        rig.spawner.gate = asyncio.Event()
+        rig.start()
+        await rig.until(rig.spawner.spawning.is_set, "the launch")
+        rig.daemon.request_stop("test")
+        await rig.until(lambda: rig.state() is State.STOPPING, "STOPPING")
+        rig.spawner.gate.set()
+        assert rig.task is not None
+        assert await rig.task == 0
+        [server] = rig.spawner.servers
+        assert server.stopped_with == [signal.SIGTERM]
+        assert server.returncode is not None and server.closed
+        assert rig.sink.find("server_stopped")
+        assert rig.state() is State.STOPPED
+
+
+async def test_state_store_failures_are_reported_once_per_episode(tmp_path):
+    """A failing state store gives one ``state_write_failed`` however many writes fail, one
+    ``state_write_recovered`` log line when a write works again, and a new report if it fails again."""
+    async with asyncio.timeout(DEADLINE_S):
+        rig = Rig(tmp_path)
+        rig.store.failing = True
+        rig.start()
+        await rig.until(lambda: rig.daemon.core is not None and rig.daemon.core.pid is not None, "Launched")
+        assert rig.store.attempts >= 2
+        assert len(rig.sink.find("state_write_failed")) == 1
+        assert not rig.logger.find("state_write_recovered")
+
+        rig.store.failing = False
+        rig.prober.default = True
+        await rig.until(lambda: rig.state() is State.READY, "READY")
+        await rig.until(lambda: rig.logger.find("state_write_recovered"), "the recovery")
+        assert len(rig.logger.find("state_write_recovered")) == 1
+        assert rig.store.saves
+
+        rig.store.failing = True
+        assert await rig.stop() == 0
+        assert len(rig.sink.find("state_write_failed")) == 2
+        assert len(rig.logger.find("state_write_recovered")) == 1
+
+
+async def test_a_failing_watcher_ends_the_daemon_loudly_and_stops_the_server(tmp_path):
+    """The task that watches the server dies while the server serves: the daemon says
+    ``daemon_failed``, drains and stops the server, and exits non-zero (systemd restarts it)
+    instead of waiting in READY for an exit nobody will report."""
+    async with asyncio.timeout(DEADLINE_S):
+        rig = Rig(tmp_path)
+        rig.prober.default = True
+        rig.start()
+        await rig.until(lambda: rig.state() is State.READY, "READY")
+        [server] = rig.spawner.servers
+        server.break_wait(RuntimeError("watcher broke"))
+        assert rig.task is not None
+        code = await rig.task
+        assert code == EXIT_DAEMON_FAILED != 0
+        [failed] = rig.sink.find("daemon_failed")
+        assert failed["task"] == "watch"
+        assert "watcher broke" in failed["error"]
+        assert server.stopped_with == [signal.SIGTERM]  # drained first, as on a normal stop
+        assert server.returncode is not None
+        assert rig.store.released
+        [stopping] = rig.sink.find("daemon_stopping")
+        assert "watch" in stopping["reason"]
+        names = [e for e, _f in rig.sink.events]
+        assert names.index("daemon_failed") < names.index("daemon_stopping")
+
+
+@pytest.mark.parametrize("where", ["prepare", "probe"])
+async def test_any_failing_background_task_ends_the_daemon(tmp_path, where):
+    """Not only the watcher: a probe task that raises is as fatal (the next poll is set only
+    when a probe answers); ``_prepare`` keeps its own guard and reports a failed prepare."""
+    async with asyncio.timeout(DEADLINE_S):
+        rig = Rig(tmp_path)
+
+        async def broken(*args: Any, **kw: Any) -> Any:
+            raise RuntimeError(f"{where} broke")
+
+        if where == "probe":
+            rig.prober.probe = broken  # type: ignore[method-assign]
+            rig.start()
+            assert rig.task is not None
+            assert await rig.task == EXIT_DAEMON_FAILED
+            assert rig.sink.find("daemon_failed")[0]["task"] == "probe"
+            assert rig.spawner.servers[0].stopped_with == [signal.SIGTERM]
+        else:
+            rig.daemon.p.preflight.run_preflight = broken  # type: ignore[method-assign]
+            rig.start()
+            await rig.until(lambda: rig.sink.find("preflight_retry"), "the retry after the guarded error")
+            assert not rig.sink.find("daemon_failed")
+            assert await rig.stop() == 0
