@@ -64,6 +64,7 @@ SEVERITY: dict[str, str] = {
     "gpu_memory_stuck": "critical",
     "down": "warning",
     "port_in_use": "warning",
+    "daemon_failed": "critical",
     DRILL: "info",
 }
 TRUNCATION_MARKER = "\n... [truncated {n} chars]"
@@ -245,6 +246,9 @@ def describe(kind: str, fields: Mapping[str, Any], *, host: str, instance: str, 
                             if isinstance(h, Mapping))
         return (f"{who} cannot start: port {f('port')} is held by a process it did not start "
                 f"({holders or 'unknown'}); it is left alone, retrying - stop it or change the port")
+    if kind == "daemon_failed":
+        return (f"the supervisor of sglang {instance} on {host} failed ({f('task')}: {f('error')}); it stopped "
+                "its server and exits for systemd to restart it")
     if kind == DRILL:
         return f"Drill from {who}: the alert path works; no action needed"
     return f"{who}: {kind}"

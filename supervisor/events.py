@@ -39,6 +39,8 @@ Every event also carries ``host`` and ``instance`` (added by the daemon).
 | port_in_use         | port, holders [{pid, name, cmdline, reason}]: not ours, so never killed   |
 |                     | unless [gpu] kill_foreign                                                 |
 | fraction_learned    | mem_fraction_static, source (SGLang chose it; read from its server_args)  |
+| daemon_failed       | task, error, exit_code (an internal task failed: the server is stopped,  |
+|                     | the daemon exits non-zero and systemd restarts it)                        |
 | restart_requested   | reason (an operator's planned restart: drained, not counted as a crash)   |
 | config_reloaded     | ok, error                                                                 |
 | daemon_stopping     | reason                                                                    |
@@ -67,6 +69,7 @@ ALERT_KINDS: dict[str, str] = {
     "gpu_memory_stuck": "gpu_memory_stuck",
     "server_down": "down",  # noticed at once; the "crash" alert with its cause follows
     "port_in_use": "port_in_use",  # a process that is not ours holds the server's port
+    "daemon_failed": "daemon_failed",  # a task of the daemon failed: it stops its server and exits 1
 }
 
 # Events too frequent for the info log (they still reach metrics).

@@ -60,6 +60,7 @@ COUNTED_EVENTS = (
     "port_in_use",
     "restart_requested",
     "fraction_learned",
+    "daemon_failed",
 )
 PROBE_FAILURE_REASONS = ("http_status", "no_response")  # an answer that is not 200 / none
 MQTT_FAILURE_REASONS = ("auth", "config", "tls", "timeout", "error")  # supervisor.alerts._failure
