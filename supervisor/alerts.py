@@ -39,6 +39,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TypedDict, TypeVar
 
 import aiomqtt
@@ -140,10 +141,7 @@ def truncate_evidence(evidence: object, max_chars: int) -> str:
     """Evidence lines joined by newlines, cut to ``max_chars`` with a marker saying so."""
     if evidence is None:
         return ""
-    if isinstance(evidence, list | tuple):
-        text = "\n".join(str(line) for line in evidence)
-    else:
-        text = str(evidence)
+    text = "\n".join(str(line) for line in evidence) if isinstance(evidence, list | tuple) else str(evidence)
     if len(text) <= max_chars:
         return text
     # The marker's own length depends on n; reserve room for the largest possible n.
@@ -380,7 +378,7 @@ class Outgoing:
 
 def _read_password_file(path: str) -> tuple[str, int]:
     """(password, file mode); blocking, so called through ``asyncio.to_thread``."""
-    with open(path, encoding="utf-8") as fh:
+    with Path(path).open(encoding="utf-8") as fh:
         mode = os.fstat(fh.fileno()).st_mode
         return fh.read().rstrip("\r\n"), mode
 

@@ -27,12 +27,14 @@ process and its ancestors are never touched.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import signal
 import socket
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 
@@ -78,7 +80,7 @@ def server_kind(cmdline: Sequence[str], name: str = "") -> str | None:
     for a, b in zip(args, args[1:], strict=False):
         if a == "-m" and b in (SIMULATOR_MODULE, "sglang.launch_server"):
             return b
-        if os.path.basename(a) == "sglang" and b == "serve":
+        if Path(a).name == "sglang" and b == "serve":
             return "sglang serve"
     if any(a.endswith("sglang/launch_server.py") for a in args):
         return "sglang.launch_server"
@@ -88,10 +90,8 @@ def server_kind(cmdline: Sequence[str], name: str = "") -> str | None:
 def _protected(own_pid: int) -> set[int]:
     """Our own process, its ancestors, and the kernel's/init's pids."""
     keep = {0, 1, own_pid}
-    try:
+    with contextlib.suppress(psutil.Error):
         keep.update(p.pid for p in psutil.Process(own_pid).parents())
-    except psutil.Error:
-        pass
     return keep
 
 
@@ -158,7 +158,7 @@ def instance_id(state_dir: str) -> str:
     """This daemon's mark value: derived from its state directory, which one daemon at a time
     owns (the store's lock), so it survives a lost or corrupt state file and differs between
     daemons (and users) on one host."""
-    real = os.path.realpath(os.path.expanduser(state_dir))
+    real = Path(state_dir).expanduser().resolve()
     return hashlib.sha256(f"{socket.gethostname()}:{real}".encode()).hexdigest()[:20]
 
 
@@ -278,10 +278,8 @@ def _terminate(targets: list[ProcInfo], grace_s: float, kill_wait_s: float, prot
             continue  # gone already, or not ours to signal (AccessDenied): not reported as killed
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
     for p in alive:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(alive, timeout=kill_wait_s)
     return [p.pid for p in procs if not _exists(p)]
 

@@ -396,11 +396,13 @@ def status(cfg: Config, *, as_json: bool = False, out: IO[str] | None = None) ->
     print(f"history:   {len(history)} crash(es) and step-down(s)", file=out)
     if history:
         rows = [("time", "cause", "phase", "exit", "fraction", "next", "location")]
-        for h in history[-20:]:
-            rows.append((
+        rows.extend(
+            (
                 h["wall_time"], h["cause"], h["phase"], h["exit"], "sglang" if h["fraction"] is None else f"{h['fraction']:g}",
                 "-" if h["next_fraction"] is None else f"{h['next_fraction']:g}", h.get("location") or "-",
-            ))
+            )
+            for h in history[-20:]
+        )
         widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
         for r in rows:
             print("  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)), file=out)

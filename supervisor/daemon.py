@@ -637,7 +637,7 @@ def _read_tail(path: str) -> str | None:
     if not path:
         return None
     try:
-        with open(path, "rb") as f:
+        with Path(path).open("rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
             f.seek(max(0, size - KERNEL_LOG_TAIL))

@@ -131,7 +131,7 @@ async def _run(args: argparse.Namespace, cfg: Config, workdir: Path) -> int:
     out = sys.stdout
     timeline = Timeline(out)
     log_path = workdir / "supervisor.jsonl"
-    log_file: IO[str] = sys.stderr if args.log_json else open(log_path, "w", buffering=1)  # noqa: SIM115
+    log_file: IO[str] = sys.stderr if args.log_json else log_path.open("w", buffering=1)  # noqa: SIM115
     print(f"sglang-supervisor demo ({args.scenario}): SGLang and the GPUs are simulated; "
           f"state in {cfg.state.dir}", file=out)
     if not args.log_json:

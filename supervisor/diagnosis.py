@@ -120,10 +120,9 @@ def _parse_exception(line: str) -> tuple[str, str] | None:
     name = m.group(1)
     if not name.rsplit(".", 1)[-1].endswith(_EXC_SUFFIXES):
         return None
-    if m.group(3) is not None:  # vLLM's repr form: OutOfMemoryError('CUDA out of memory...')
-        message = m.group(3).rstrip(")").strip("'\"")
-    else:
-        message = (m.group(2) or "").strip()
+    # vLLM's repr form: OutOfMemoryError('CUDA out of memory...')
+    repr_form = m.group(3)
+    message = repr_form.rstrip(")").strip("'\"") if repr_form is not None else (m.group(2) or "").strip()
     return name, message
 
 

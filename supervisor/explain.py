@@ -20,6 +20,7 @@ import json
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any, BinaryIO
 
 from supervisor.diagnosis import MAX_TAIL_BYTES, describe_action, diagnose
@@ -90,7 +91,7 @@ def _read(path: str) -> _Reading:
     if path == "-":
         reading.consume(_chunks(sys.stdin.buffer))
     else:
-        with open(path, "rb") as f:
+        with Path(path).open("rb") as f:
             reading.consume(_chunks(f))
     return reading
 
@@ -137,9 +138,7 @@ def _text(obj: dict[str, Any]) -> str:
     exception = f"{obj['exc_type']}: {obj['exc_message'] or ''}".rstrip(": ") if obj["exc_type"] else ""
     if exception and not any(exception in line for line in evidence):  # say it once
         rows.append(("exception", exception))
-    for key in ("location", "rank"):
-        if obj[key]:
-            rows.append((key, obj[key]))
+    rows.extend((key, obj[key]) for key in ("location", "rank") if obj[key])
     rows.append(("action", obj["action"]))
     startup = obj["startup"]
     if startup["ranks"] or startup["progress"] not in ("unknown", "launching"):

@@ -21,6 +21,7 @@ Also here: the pure helpers that decide whether memory has been released
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import os
 import threading
@@ -150,10 +151,8 @@ class _Worker:
                     result: tuple[bool, Any] = (True, fn())
                 except Exception as exc:  # noqa: BLE001 - handed to the awaiting coroutine
                     result = (False, exc)
-                try:
+                with contextlib.suppress(RuntimeError):  # the loop closed while the call was stuck: nobody waits
                     loop.call_soon_threadsafe(settle, *result)
-                except RuntimeError:
-                    pass  # the loop closed while the call was stuck: nobody is waiting
 
             self._pending, self._pending_since = fut, loop.time()
             threading.Thread(target=work, name=f"{self._what}-call", daemon=True).start()
@@ -302,20 +301,16 @@ class NvmlProbe:
     async def aclose(self) -> None:
         if self._nvml is None:
             return
-        try:
+        with contextlib.suppress(GpuProbeError):  # closing: a driver that cannot shut down is not worth a log line
             await self._worker.call(self._shutdown)
-        except GpuProbeError:
-            pass  # closing: a driver that cannot shut down is not worth a log line here
 
     # ---- everything below runs in the worker thread
 
     def _shutdown(self) -> None:
         nvml, self._nvml = self._nvml, None
         if nvml is not None:
-            try:
+            with contextlib.suppress(Exception):  # best effort at close
                 nvml.nvmlShutdown()
-            except Exception:  # noqa: BLE001 - best effort at close
-                pass
 
     def _init(self) -> Any:
         if self._nvml is not None:

@@ -64,8 +64,8 @@ class Cause(enum.StrEnum):
         same at run time, but a type checker reads that call against the member-building
         ``__new__`` above, which takes three arguments."""
         member = cls._value2member_map_.get(value)
-        if not isinstance(member, cls):
-            raise ValueError(f"{value!r} is not a valid {cls.__name__}")
+        if not isinstance(member, cls):  # None: no member has that value (the narrowing is for mypy)
+            raise ValueError(f"{value!r} is not a valid {cls.__name__}")  # noqa: TRY004 - a bad value, as Cause(value)
         return member
 
 

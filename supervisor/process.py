@@ -76,7 +76,7 @@ class RotatingLog:
     def _open(self) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - owned for the log's life
+            self._file = self.path.open("ab", buffering=0)  # noqa: SIM115 - owned for the log's life
             self._size = self._file.tell()
         except OSError as exc:
             self._file = None
@@ -95,9 +95,9 @@ class RotatingLog:
             for i in range(self.backups - 1, 0, -1):
                 src = self.path.with_name(f"{self.path.name}.{i}")
                 if src.exists():
-                    os.replace(src, self.path.with_name(f"{self.path.name}.{i + 1}"))
+                    src.replace(self.path.with_name(f"{self.path.name}.{i + 1}"))
             if self.backups > 0:
-                os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+                self.path.replace(self.path.with_name(f"{self.path.name}.1"))
             else:
                 self.path.unlink(missing_ok=True)
         except OSError as exc:

@@ -16,6 +16,7 @@ write is atomic (temp file + rename), so a reader never sees half a file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -58,12 +59,9 @@ def _atomic_write_json(path: Path, payload: object) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(payload, f)
-        os.replace(tmp, path)
+        Path(tmp).replace(path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        Path(tmp).unlink(missing_ok=True)
         raise
 
 
@@ -110,10 +108,7 @@ def write_process(
 
 
 def remove_process(directory: str | os.PathLike[str], pid: int) -> None:
-    try:
-        os.unlink(Path(directory) / f"{PROC_PREFIX}{pid}.json")
-    except FileNotFoundError:
-        pass
+    (Path(directory) / f"{PROC_PREFIX}{pid}.json").unlink(missing_ok=True)
 
 
 def _alive(pid: int, create_time: float) -> bool:
@@ -166,7 +161,5 @@ def read_gpus(directory: str | os.PathLike[str]) -> list[SimGpu]:
 def reset(directory: str | os.PathLike[str]) -> None:
     """A GPU reset: forget every holder, stuck ones included."""
     for path in Path(directory).glob(f"{PROC_PREFIX}*.json"):
-        try:
+        with contextlib.suppress(FileNotFoundError):
             path.unlink()
-        except FileNotFoundError:
-            pass

@@ -46,6 +46,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NoReturn
 
 import aiohttp
@@ -474,7 +475,7 @@ def log(msg: str, tag: str | None = None) -> None:
 
 def append_line(path: str | None, line: str) -> None:
     if path:
-        with open(path, "a") as f:
+        with Path(path).open("a") as f:
             f.write(line + "\n")
 
 
@@ -482,7 +483,7 @@ def read_memory_events(path: str) -> dict[str, int]:
     """A cgroup v2 ``memory.events`` file (``key value`` lines) as a dict; missing keys are 0."""
     counts = dict.fromkeys(MEMORY_EVENTS_KEYS, 0)
     with contextlib.suppress(FileNotFoundError):
-        for line in open(path).read().splitlines():
+        for line in Path(path).read_text().splitlines():
             key, _, value = line.partition(" ")
             with contextlib.suppress(ValueError):
                 counts[key] = int(value)
@@ -495,11 +496,9 @@ def bump_memory_events(path: str) -> None:
     counts = read_memory_events(path)
     counts["oom"] += 1
     counts["oom_kill"] += 1
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".memory.events.{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write("".join(f"{k} {v}\n" for k, v in counts.items()))
-    os.replace(tmp, path)
+    tmp = Path(path).resolve().parent / f".memory.events.{os.getpid()}"
+    tmp.write_text("".join(f"{k} {v}\n" for k, v in counts.items()))
+    tmp.replace(path)
 
 
 def crash_stamp(path: str | None) -> None:
@@ -1286,7 +1285,7 @@ class Launcher:
                 log("CUDA user-triggered coredump is not enabled. Set CUDA_ENABLE_USER_TRIGGERED_COREDUMP=1 "
                     "before CUDA initialization.")
             for p in procs:
-                pipe = os.path.join(os.getcwd(), f"corepipe.cuda.{socket.gethostname()}.{p.pid}")
+                pipe = Path.cwd() / f"corepipe.cuda.{socket.gethostname()}.{p.pid}"
                 log(f"CUDA coredump pipe not found for PID {p.pid}: {pipe}. Ensure "
                     "CUDA_ENABLE_USER_TRIGGERED_COREDUMP=1 was set before this process initialized CUDA.")
             wait_s = _env_float(ENV_COREDUMP_WAIT, 60.0)

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -70,9 +71,10 @@ class StateStore:
             return False
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            return False
         except BlockingIOError:
             return True
+        else:
+            return False
         finally:
             os.close(fd)
 
@@ -88,20 +90,18 @@ class StateStore:
         except OSError as exc:
             return None, f"{self.path}: cannot read ({exc.strerror}); starting from the config"
         try:
-            data = json.loads(raw)
-            if not isinstance(data, dict) or data.get("version") != 1:
-                raise ValueError("not a version-1 state object")
-            return data, None
+            data = _state_object(raw)
         except ValueError as exc:
             if not move_aside:
                 return None, f"{self.path}: corrupt ({exc})"
             aside = self.path.with_name(f"{STATE_FILE}.corrupt-{int(time.time())}")  # wall-clock timestamp in the name, for people
             try:
-                os.replace(self.path, aside)
+                self.path.replace(aside)
                 where = f"moved to {aside}"
             except OSError as move_exc:
                 where = f"could not move it aside: {move_exc.strerror}"
             return None, f"{self.path}: corrupt ({exc}); {where}; starting from the config"
+        return data, None
 
     def save(self, data: dict[str, Any]) -> None:
         payload = json.dumps({"version": 1, **data}, indent=1, sort_keys=True).encode()
@@ -115,10 +115,16 @@ class StateStore:
                 f.write(payload)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+            Path(tmp).replace(self.path)
         except OSError as exc:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            with contextlib.suppress(OSError):
+                Path(tmp).unlink()
             raise StoreError(f"{self.path}: cannot write: {exc.strerror}") from None
+
+
+def _state_object(raw: bytes) -> dict[str, Any]:
+    """The state file's JSON object; ValueError when it is not a version-1 state object."""
+    data = json.loads(raw)
+    if not isinstance(data, dict) or data.get("version") != 1:
+        raise ValueError("not a version-1 state object")
+    return data
