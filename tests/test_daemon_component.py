@@ -182,6 +182,9 @@ class FakeProber:
 
 
 class FakeCleanup:
+    def __init__(self) -> None:
+        self.listening: set[int] = set()  # pids the port's listeners belong to (empty: not visible)
+
     def find_stale(self, **kw: Any) -> StaleReport:
         return StaleReport()
 
@@ -189,7 +192,7 @@ class FakeCleanup:
         return []
 
     def listeners(self, port: int) -> set[int]:
-        return set()
+        return set(self.listening)
 
 
 class FakePreflight:
@@ -216,7 +219,7 @@ class Rig:
         self.cfg = Config(
             server=ServerConfig(model_path="/models/m", stop_grace_s=1.0),
             health=HealthConfig(startup_poll_s=0.01, interval_s=0.05, timeout_s=1.0),
-            policy=PolicyConfig(backoff_initial_s=0.01, backoff_max_s=0.02, **policy),
+            policy=PolicyConfig(**{"backoff_initial_s": 0.01, "backoff_max_s": 0.02, **policy}),
             logging=LoggingConfig(memory_events="off"),
             state=StateConfig(dir=str(tmp_path)),
             name="component",
@@ -226,8 +229,9 @@ class Rig:
         self.store = FakeStore(tmp_path)
         self.spawner = FakeSpawner()
         self.prober = FakeProber()
+        self.cleanup = FakeCleanup()
         ports = Ports(
-            store=self.store, sinks=[self.sink], logger=self.logger, cleanup=FakeCleanup(),
+            store=self.store, sinks=[self.sink], logger=self.logger, cleanup=self.cleanup,
             preflight=FakePreflight(), spawner=self.spawner, prober=lambda url, timeout_s: self.prober,
             gpu_monitor=no_gpu_monitor, start_control=start_control, oom_kills=lambda path: None,
             environ={}, host="testhost", install_signals=False,
@@ -374,3 +378,60 @@ async def test_any_failing_background_task_ends_the_daemon(tmp_path, where):
             await rig.until(lambda: rig.sink.find("preflight_retry"), "the retry after the guarded error")
             assert not rig.sink.find("daemon_failed")
             assert await rig.stop() == 0
+
+
+async def test_ready_only_when_the_listener_on_the_port_is_in_our_tree(tmp_path):
+    """A 200 from a port held by a process that is not ours (a server that failed to bind sees
+    its warm-up answered by the other one) is not readiness; our own listener is."""
+    async with asyncio.timeout(DEADLINE_S):
+        rig = Rig(tmp_path)
+        rig.prober.default = True
+        rig.cleanup.listening = {424242}  # someone else's
+        rig.start()
+        await rig.until(lambda: rig.prober.calls >= 3, "probes answered by the foreign listener")
+        assert rig.state() is State.STARTING
+        refused = [p for p in rig.sink.find("probe") if not p["ok"]]
+        assert refused and "not our server" in refused[0]["error"]
+        rig.cleanup.listening = {424242, rig.spawner.servers[0].pid}
+        await rig.until(lambda: rig.state() is State.READY, "READY on our own listener")
+        assert await rig.stop() == 0
+
+
+async def test_a_dead_part_is_the_crash_and_sglangs_own_teardown_is_awaited(tmp_path):
+    """A scheduler's death (its pidfd) leaves READY at once with a server_down event; the daemon
+    sends nothing to the main process (it is tearing itself down) and diagnoses after its exit."""
+    async with asyncio.timeout(DEADLINE_S):
+        rig = Rig(tmp_path)
+        rig.prober.default = True
+        rig.start()
+        await rig.until(lambda: rig.state() is State.READY, "READY")
+        first = rig.spawner.servers[0]
+        assert first.on_part_died is not None
+        first.on_part_died(4343, "sglang::scheduler")
+        await rig.until(lambda: rig.sink.find("server_down"), "server_down")
+        assert [c["to"] for c in rig.sink.find("state_changed")][2:4] == ["READY", "EXITED"]
+        [down] = rig.sink.find("server_down")
+        assert (down["pid"], down["title"]) == (4343, "sglang::scheduler")
+        await rig.until(lambda: first.stopped_with, "the bounded teardown")
+        assert first.stopped_with == [None]  # await SGLang's own teardown; no signal of ours first
+        await rig.until(lambda: rig.sink.find("crash"), "the diagnosis")
+        assert rig.sink.find("crash")[0]["part_died"] == "sglang::scheduler (pid 4343)"
+        await rig.until(lambda: len(rig.spawner.servers) == 2, "the relaunch")
+        assert await rig.stop() == 0
+
+
+async def test_a_restart_request_drains_and_relaunches_at_once(tmp_path):
+    """The control socket's restart: SIGTERM to the main process (a drain), an immediate
+    relaunch, not counted as a crash."""
+    async with asyncio.timeout(DEADLINE_S):
+        rig = Rig(tmp_path, backoff_initial_s=60.0, backoff_max_s=60.0)
+        rig.prober.default = True
+        rig.start()
+        await rig.until(lambda: rig.state() is State.READY, "READY")
+        answer = rig.daemon._on_control({"cmd": "restart"})
+        assert answer["ok"] and answer["state"] == "READY"
+        await rig.until(lambda: len(rig.spawner.servers) == 2, "the relaunch (no 60 s backoff)")
+        assert rig.spawner.servers[0].stopped_with == [signal.SIGTERM]
+        assert not rig.sink.find("crash")
+        assert rig.daemon._on_control({"cmd": "reboot"}) == {"ok": False, "error": "unknown command 'reboot'"}
+        assert await rig.stop() == 0
