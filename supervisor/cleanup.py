@@ -32,9 +32,10 @@ import hashlib
 import os
 import signal
 import socket
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -160,6 +161,20 @@ def instance_id(state_dir: str) -> str:
     daemons (and users) on one host."""
     real = Path(state_dir).expanduser().resolve()
     return hashlib.sha256(f"{socket.gethostname()}:{real}".encode()).hexdigest()[:20]
+
+
+def recorded_server(state: Mapping[str, Any]) -> dict[str, Any]:
+    """What a state file records of the last server launched, as ``find_stale``'s keyword
+    arguments: its process group, launch time and tree (pure; malformed values are dropped)."""
+    pgid, since, tree = state.get("server_pgid"), state.get("server_since"), state.get("server_tree")
+    return {
+        "recorded_pgid": pgid if isinstance(pgid, int) and not isinstance(pgid, bool) else None,
+        "recorded_since": float(since) if isinstance(since, int | float) else None,
+        "recorded_tree": [
+            (int(t[0]), float(t[1])) for t in (tree if isinstance(tree, list) else [])
+            if isinstance(t, list) and len(t) == 2 and all(isinstance(x, int | float) for x in t)
+        ],
+    }
 
 
 def carries_mark(environ: dict[str, str], instance: str | None) -> bool:

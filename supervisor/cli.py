@@ -221,7 +221,8 @@ async def run_daemon_async(
     from prometheus_client import CollectorRegistry
 
     from . import cleanup, control, gpu, logs, preflight
-    from .daemon import Daemon, Ports, cgroup_oom_kills
+    from .cgroup import cgroup_oom_kills
+    from .daemon import Daemon, Ports
     from .health import HealthProber
     from .process import ServerProcess
     from .sdnotify import Notifier

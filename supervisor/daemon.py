@@ -29,7 +29,7 @@ from typing import Any
 
 from . import cleanup, control, gpu, machine
 from .config import Config, ConfigError
-from .diagnosis import diagnose, read_oom_kill_count
+from .diagnosis import diagnose
 from .machine import (
     Boot,
     CancelTimer,
@@ -75,7 +75,7 @@ def wall_now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-__all__ = ["EXIT_DAEMON_FAILED", "Daemon", "NullNotifier", "Ports", "cgroup_oom_kills", "oom_kill_files"]
+__all__ = ["EXIT_DAEMON_FAILED", "Daemon", "NullNotifier", "Ports"]
 
 # A background task failed: the daemon stopped its server and exits with this code, which
 # systemd's Restart=on-failure restarts (2 is reserved for "a restart cannot help").
@@ -166,14 +166,10 @@ class Daemon:
         match action:
             case Emit(event=name, fields=fields):
                 self.emit(name, fields)
-            case SetTimer(name=Timer.SILENCE, delay_s=delay):
-                self._cancel_timer(Timer.SILENCE)
-                loop = asyncio.get_running_loop()
-                self._timers[Timer.SILENCE] = loop.call_later(max(0.0, delay), self._silence_timer)
             case SetTimer(name=name, delay_s=delay):
                 self._cancel_timer(name)
                 loop = asyncio.get_running_loop()
-                self._timers[name] = loop.call_later(max(0.0, delay), self.post, TimerFired(name))
+                self._timers[name] = loop.call_later(max(0.0, delay), self._timer_fired, name)
             case CancelTimer(name=name):
                 self._cancel_timer(name)
             case Persist():
@@ -191,11 +187,12 @@ class Daemon:
             case Exit(code=code):
                 self.exit_code = code
 
-    def _silence_timer(self) -> None:
-        """The startup-silence timer: the core is told when the server last printed a line."""
-        self._timers.pop(Timer.SILENCE, None)
+    def _timer_fired(self, name: Timer) -> None:
+        """A timer is due: the core is told, with when the server last printed a line (what
+        the startup-silence timer weighs; the others ignore it)."""
+        self._timers.pop(name, None)
         server = self.server
-        self.post(TimerFired(Timer.SILENCE, last_output_at=server.last_output_at if server else None))
+        self.post(TimerFired(name, last_output_at=server.last_output_at if server else None))
 
     def emit(self, name: str, fields: Mapping[str, Any]) -> None:
         data = {"host": self.p.host, "instance": self.instance, **fields}
@@ -414,7 +411,7 @@ class Daemon:
             return True, ""
         return False, f"port {port} answered by pid {', '.join(map(str, sorted(holders)))}, not our server"
 
-    async def _stop_server(self, grace_s: float, reason: str, mode: str = StopMode.DRAIN) -> None:
+    async def _stop_server(self, grace_s: float, reason: str, mode: StopMode = StopMode.DRAIN) -> None:
         if self._launch_task is not None and not self._launch_task.done():
             with contextlib.suppress(asyncio.CancelledError):
                 await self._launch_task
@@ -424,8 +421,8 @@ class Daemon:
             self.post(ServerExited(ExitStatus(code=None), _nothing_ran()))
             return
         self.log.info("server_stopping", reason=reason, grace_s=grace_s, pid=server.pid, mode=mode)
-        first = {StopMode.DRAIN: signal.SIGTERM, StopMode.DUMP: signal.SIGQUIT}.get(mode)
-        await server.stop(0.0 if mode == StopMode.KILL else grace_s, first)  # the watch task reports the exit
+        first = {StopMode.DRAIN: signal.SIGTERM, StopMode.DUMP: signal.SIGQUIT}.get(mode)  # AWAIT: none
+        await server.stop(grace_s, first)  # the watch task reports the exit
 
     # -- state ------------------------------------------------------------------------------
 
@@ -439,16 +436,10 @@ class Daemon:
                 learned = Learned.from_dict(data["learned"]).rebased(self.cfg)
             except (KeyError, TypeError, ValueError) as exc:
                 self.log.warning("state_unreadable", detail=f"{exc!r}"[:200])
-            pgid = data.get("server_pgid")
-            self._recorded_pgid = int(pgid) if isinstance(pgid, int) else None
-            since = data.get("server_since")
-            self._recorded_since = float(since) if isinstance(since, int | float) else None
-            tree = data.get("server_tree")
-            if isinstance(tree, list):
-                self._recorded_tree = [
-                    (int(t[0]), float(t[1])) for t in tree
-                    if isinstance(t, list) and len(t) == 2 and all(isinstance(x, int | float) for x in t)
-                ]
+            recorded = cleanup.recorded_server(data)
+            self._recorded_pgid = recorded["recorded_pgid"]
+            self._recorded_since = recorded["recorded_since"]
+            self._recorded_tree = recorded["recorded_tree"]
         self.core = Core.initial(learned)
 
     def _persist(self) -> None:
@@ -661,46 +652,3 @@ def _version() -> str:
 
     return __version__
 
-
-def cgroup_oom_kills(path: str | None = None) -> int | None:
-    """The OOM killer's count for this process's own memory cgroup (or the file at ``path``).
-
-    Under the hardened unit the kernel log is out of reach (ProtectKernelLogs=yes) but the
-    service's own cgroup files are readable, and the server runs in that cgroup: a rise of
-    this count while it ran is the OOM killer's record. cgroup v2 keeps it in
-    ``memory.events``, v1 (and hybrid hosts) in ``memory.oom_control``; both say
-    ``oom_kill N``. None when nothing can be read."""
-    if path is not None:
-        candidates = [path]
-    else:
-        try:
-            candidates = oom_kill_files(Path("/proc/self/cgroup").read_text())
-        except OSError:
-            return None
-    for candidate in candidates:
-        try:
-            count = read_oom_kill_count(Path(candidate).read_text())
-        except OSError:
-            continue
-        if count is not None:
-            return count
-    return None
-
-
-def oom_kill_files(proc_self_cgroup: str, root: str = "/sys/fs/cgroup") -> list[str]:
-    """Where a process's memory cgroup keeps its ``oom_kill`` count, from its
-    ``/proc/self/cgroup`` text (pure): the v2 path (plain or under ``unified`` on hybrid
-    hosts) and the v1 memory controller's."""
-    files: list[str] = []
-    for line in proc_self_cgroup.splitlines():
-        hierarchy, _, rest = line.partition(":")
-        controllers, _, cgroup = rest.partition(":")
-        if not cgroup:
-            continue
-        cgroup = cgroup.strip()
-        if hierarchy == "0" and controllers == "":
-            files += [f"{root}{cgroup}/memory.events".replace("//", "/"),
-                      f"{root}/unified{cgroup}/memory.events".replace("//", "/")]
-        elif "memory" in controllers.split(","):
-            files.append(f"{root}/memory{cgroup}/memory.oom_control".replace("//", "/"))
-    return files

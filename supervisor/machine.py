@@ -277,12 +277,11 @@ class Launch:
     attempt: int
 
 
-class StopMode:
+class StopMode(enum.StrEnum):
     """How a stop begins; every mode ends with the whole group killed after ``grace_s``."""
 
     DRAIN = "drain"  # SIGTERM to SGLang's main process only: it drains in-flight requests
     DUMP = "dump"  # SIGQUIT to the main process: a hung server dumps its stacks, then dies
-    KILL = "kill"  # SIGKILL the group now
     AWAIT = "await"  # the server is already dying on its own: only bound its teardown
 
 
@@ -290,7 +289,7 @@ class StopMode:
 class StopServer:
     grace_s: float  # how long the first step may take before the group is killed
     reason: str
-    mode: str = StopMode.DRAIN
+    mode: StopMode = StopMode.DRAIN
 
 
 @dataclass(frozen=True, slots=True)
@@ -558,7 +557,7 @@ def _after_failure(
 
 
 def _stop_to_relaunch(
-    core: Core, ctx: Ctx, cause: Cause, detail: str, grace_s: float, mode: str = StopMode.DRAIN
+    core: Core, ctx: Ctx, cause: Cause, detail: str, grace_s: float, mode: StopMode = StopMode.DRAIN
 ) -> tuple[Core, list[Action]]:
     # STARTING/READY -> RESTARTING
     new, actions = _transition(

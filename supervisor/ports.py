@@ -3,7 +3,7 @@
 ``Daemon`` sees only these ``Protocol``s. The CLI (the composition root,
 ``cli.run_daemon_async``) passes the real adapters: modules and classes that satisfy them
 structurally (``cleanup``, ``preflight``, ``ServerProcess``, ``HealthProber``,
-``gpu.GpuMonitor``, ``control.ControlServer.start``, ``daemon.cgroup_oom_kills``). Tests pass
+``gpu.GpuMonitor``, ``control.ControlServer.start``, ``cgroup.cgroup_oom_kills``). Tests pass
 fakes of their own (``tests/test_daemon_component.py``), so the shell's paths can be driven
 without a subprocess, a socket or a GPU.
 """
@@ -156,7 +156,7 @@ raises ``control.ControlError``."""
 
 OomKillReader = Callable[[str | None], int | None]
 """The cgroup's ``oom_kill`` count, from the file given or our own cgroup's (blocking;
-``daemon.cgroup_oom_kills``)."""
+``cgroup.cgroup_oom_kills``)."""
 
 
 class NullNotifier:

@@ -25,9 +25,10 @@ from typing import Any
 
 import psutil
 
-from supervisor.cleanup import instance_id, listeners, scan_stale
+from supervisor.cleanup import instance_id, listeners, recorded_server, scan_stale
 from supervisor.config import Config, ServerConfig
 from supervisor.gpu import GpuProbe, GpuProbeError, make_probe
+from supervisor.store import StateStore
 
 GB = 10**9
 
@@ -298,7 +299,8 @@ async def _cli_checks(cfg: Config) -> list[Check]:
             gpu_pids = {p.pid for g in await probe.sample() for p in g.processes}
         except GpuProbeError:
             gpu_pids = set()  # the gpu_count check reports it
-        recorded = _recorded_server(cfg.state.dir)
+        state, _warning = StateStore(cfg.state.dir).load(move_aside=False)
+        recorded = recorded_server(state or {})
         stale = await scan_stale(
             gpu_pids=gpu_pids, own_pid=os.getpid(), port=cfg.server.port,
             instance=instance_id(cfg.state.dir), **recorded,
@@ -307,17 +309,3 @@ async def _cli_checks(cfg: Config) -> list[Check]:
     finally:
         await probe.aclose()
 
-
-def _recorded_server(state_dir: str) -> dict[str, Any]:
-    """What the state file says of the last server launched: the same proof of ownership the
-    daemon uses (its process group, launch time and tree)."""
-    from supervisor.store import StateStore
-
-    data, _warning = StateStore(state_dir).load(move_aside=False)
-    data = data or {}
-    pgid, since, tree = data.get("server_pgid"), data.get("server_since"), data.get("server_tree")
-    return {
-        "recorded_pgid": pgid if isinstance(pgid, int) else None,
-        "recorded_since": float(since) if isinstance(since, int | float) else None,
-        "recorded_tree": [(int(t[0]), float(t[1])) for t in tree or [] if isinstance(t, list) and len(t) == 2],
-    }

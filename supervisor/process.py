@@ -339,8 +339,9 @@ class ServerProcess:
 
     def remember_descendants(self) -> list[int]:
         """Note every current descendant, so one that leaves the group is still found, and
-        start watching each SGLang part among them. Blocking (psutil): call it in a thread
-        only through ``scan_descendants``; the pidfds are added on the loop."""
+        start watching each SGLang part among them. On the loop, and blocking (psutil): the
+        daemon calls the two halves apart, ``scan_descendants`` in a thread, then
+        ``watch_parts`` on the loop."""
         found = self.scan_descendants()
         self.watch_parts(found)
         return [self.pid, *self._known]

@@ -256,14 +256,14 @@ def test_world_writable_config_is_refused(tmp_path):
 ])
 def test_oom_kill_files_for_v1_v2_and_hybrid_hosts(text, files):
     """Where the OOM killer's count of the daemon's own cgroup lives, whatever the hierarchy."""
-    from supervisor.daemon import oom_kill_files
+    from supervisor.cgroup import oom_kill_files
 
     assert oom_kill_files(text) == files
 
 
 def test_cgroup_oom_kills_reads_both_formats(tmp_path):
     """v2's memory.events and v1's memory.oom_control both say ``oom_kill N``; unreadable is None."""
-    from supervisor.daemon import cgroup_oom_kills
+    from supervisor.cgroup import cgroup_oom_kills
 
     v2 = tmp_path / "memory.events"
     v2.write_text("low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\noom_group_kill 0\n")

@@ -207,7 +207,6 @@ def _kill_part(d: DaemonRun, night: Night, key: str, launch: int, sig: int = sig
     os.kill(sched.pid, sig)
     night.timings[f"{key}_t0"] = t0
     night.leftovers[key] = [p.pid for p in victims]
-    night.results[key + "_victims"] = [str(p.pid) for p in victims]
 
 
 def drive(config: Path, *, ready_timeout: float = 200.0) -> Night:
