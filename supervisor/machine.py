@@ -365,7 +365,9 @@ def build_argv(cfg: Config, fraction: float | None, hicache_size_gb: int) -> tup
 
 
 def _transition(core: Core, to: State, reason: str, **changes: Any) -> tuple[Core, list[Action]]:
-    """The one place that changes ``state``; it emits ``state_changed`` and persists."""
+    """The one place that changes ``state``. It persists, then emits ``state_changed``: a state
+    is on disk before anyone is told of it, so a daemon killed right after the announcement
+    still leaves that state for the next one."""
     new = replace(core, state=to, reason=reason, **changes)
     if to is core.state:
         return new, [Persist()]
@@ -378,7 +380,7 @@ def _transition(core: Core, to: State, reason: str, **changes: Any) -> tuple[Cor
         "restarts": new.learned.restarts,
         "last_cause": None if new.last_cause is None else str(new.last_cause),
     }
-    return new, [Emit("state_changed", fields), Persist()]
+    return new, [Persist(), Emit("state_changed", fields)]
 
 
 def _launch(core: Core, ctx: Ctx, reason: str) -> tuple[Core, list[Action]]:
@@ -718,9 +720,9 @@ def step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
                 # SGLang chose the fraction: the ladder steps from its choice from now on
                 core = replace(core, learned=replace(core.learned, fraction=facts.mem_fraction_static))
                 learned_now = [
+                    Persist(),
                     Emit("fraction_learned", {"mem_fraction_static": facts.mem_fraction_static,
                                               "source": "sglang server_args"}),
-                    Persist(),
                 ]
             new, actions = _check_headroom(replace(core, facts=facts), ctx, facts)
             return new, [*learned_now, *actions]

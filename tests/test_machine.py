@@ -939,7 +939,8 @@ def test_random_events_never_raise_and_never_run_two_servers(
     steps: list[tuple[Event, float]], max_crashes: int, headroom_action: str
 ) -> None:
     """Any event sequence (until the daemon exits) keeps a valid state, sane timers and at
-    most one server: no second Launch without a ServerExited in between."""
+    most one server: no second Launch without a ServerExited in between. A new state is
+    persisted before ``state_changed`` announces it."""
     night = Night(make_cfg(policy={"max_crashes": max_crashes}, gpu={"headroom_action": headroom_action}))
     ladder = night.cfg.policy.fraction_ladder
     server_may_run = False
@@ -953,6 +954,10 @@ def test_random_events_never_raise_and_never_run_two_servers(
             assert math.isfinite(timer.delay_s) and timer.delay_s >= 0
         for emit in of(actions, Emit):
             assert strings_are_plain(emit.fields), emit
+        if "state_changed" in names(actions):
+            # on disk before it is announced: a daemon killed right after the event leaves it
+            announced = next(i for i, a in enumerate(actions) if isinstance(a, Emit) and a.event == "state_changed")
+            assert any(isinstance(a, Persist) for a in actions[:announced]), actions
         for _launch in of(actions, Launch):
             assert not server_may_run, "a second Launch while a server may still run"
             server_may_run = True
