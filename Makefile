@@ -2,17 +2,25 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
-STAMP   = $(VENV)/.installed
+STAMP   = $(VENV)/.installed-sim
+TEST_STAMP = $(VENV)/.installed-test
 
 .PHONY: demo test chaos bench venv system-deps clean real-sglang e2e
 
+# The demo needs the package and its [sim] extra (the simulator); the tests also need [test].
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[sim]'
 	touch $(STAMP)
 
-venv: $(STAMP)
+$(TEST_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,sim]'
+	touch $(TEST_STAMP)
+
+venv: $(TEST_STAMP)
 
 system-deps:
 	scripts/install-system-deps
@@ -22,12 +30,12 @@ demo: $(STAMP)
 
 # The whole suite, tier by tier with each tier's time: core + integration, chaos (CI size),
 # then the real SGLang tier (its setup is cached; the first run installs SGLang).
-test: $(STAMP) system-deps real-sglang
+test: $(TEST_STAMP) system-deps real-sglang
 	$(PY) scripts/run-tiers
 
 # The full reliability run (about an hour here): 20 trials per fault, the 1,000-cycle soak,
 # then docs/reliability.md regenerated from the results.
-chaos: $(STAMP) system-deps
+chaos: $(TEST_STAMP) system-deps
 	mkdir -p .chaos && rm -f .chaos/results.jsonl
 	CHAOS_TRIALS=$${CHAOS_TRIALS:-20} SOAK_CYCLES=$${SOAK_CYCLES:-1000} CHAOS_RESULTS=.chaos/results.jsonl \
 	  $(PY) -m pytest -q -ra -m chaos tests/chaos; \
@@ -39,12 +47,12 @@ real-sglang:
 	scripts/setup-real-sglang
 
 # The end-to-end tier against that real server.
-e2e: $(STAMP) real-sglang
+e2e: $(TEST_STAMP) real-sglang
 	@start=$$(date +%s); \
 	  $(PY) -m pytest -q -ra tests/real -p no:cacheprovider; \
 	  status=$$?; echo "e2e tier: $$(( $$(date +%s) - start )) s wall"; exit $$status
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(PY) -m bench
 
 clean:

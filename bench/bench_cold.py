@@ -45,7 +45,7 @@ FORBIDDEN = ("torch", "sglang")
 IMPORT_ALL = f"""
 import importlib, json, pkgutil, sys
 import supervisor
-mods = [m.name for m in pkgutil.walk_packages(supervisor.__path__, "supervisor.")]
+mods = [m.name for m in pkgutil.walk_packages(supervisor.__path__, "supervisor.") if not m.name.endswith(".__main__")]
 for name in mods:
     importlib.import_module(name)
 bad = sorted(k for k in sys.modules if k.split(".")[0] in {FORBIDDEN!r})

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 
-from supervisor.diagnosis import MAX_TAIL_BYTES, diagnose
+from supervisor.core.diagnosis import MAX_TAIL_BYTES, diagnose
 
 MB = 1024 * 1024
 

@@ -284,7 +284,7 @@ def trampoline(stamp: Path, argv: Sequence[str]) -> list[str]:
 
 
 def simulator(*args: str) -> list[str]:
-    return [PY, "-m", "supervisor.simulator", *args]
+    return [PY, "-m", "supervisor.sim.simulator", *args]
 
 
 # --- our daemon ---------------------------------------------------------------------------
@@ -304,7 +304,7 @@ def daemon_sections(
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """A config for one benchmark run: its own port, state dir and simulated GPUs."""
-    from supervisor import simgpu
+    from supervisor.sim import simgpu
 
     gpus = work / "gpus"
     simgpu.ensure_gpus(gpus, 8, 96)
@@ -333,8 +333,8 @@ def daemon_sections(
 
 def server_argv(config: Path) -> list[str]:
     """The exact argv our daemon launches first (what supervisord is given too)."""
-    from supervisor.config import load_config
-    from supervisor.machine import Learned, build_argv
+    from supervisor.core.config import load_config
+    from supervisor.core.machine import Learned, build_argv
 
     cfg = load_config(config)
     learned = Learned.initial(cfg)

@@ -6,9 +6,11 @@ was learned, tell systemd we supervise, then loop: one event at a time through
 probes, stopping the server) runs in tasks that post their outcome back as events, so no
 adapter can delay a decision. Signal handlers only queue an event.
 
-The daemon reaches the world only through its ports (``ports.Ports``: the store, cleanup,
-preflight, the server spawner, the health prober, the GPU monitor, the control socket, the
-cgroup ``oom_kill`` reader); the CLI passes the real adapters, tests their fakes. A task
+The daemon reaches the world only through its ports (``adapters.ports.Ports``: the store,
+cleanup, preflight, the server spawner and its log, the health prober, the GPU monitor, the
+control socket, the cgroup ``oom_kill`` reader); ``cli/run.py`` passes the real adapters,
+tests their fakes. It imports the core, the ports and ``release`` (logic over the GPU
+probe port), never a concrete adapter (import-linter's layers contract). A task
 that fails (rather than being cancelled) ends the daemon, as in a ``TaskGroup``:
 ``daemon_failed``, the server stopped, exit ``EXIT_DAEMON_FAILED`` for systemd to restart.
 """
@@ -22,15 +24,29 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from . import cleanup, control, gpu, machine
-from .config import Config, ConfigError
-from .diagnosis import diagnose
-from .machine import (
+from supervisor import release
+from supervisor.adapters.ports import (
+    ControlError,
+    ControlHandle,
+    GpuInfo,
+    GpuProbeError,
+    Monitor,
+    NullNotifier,
+    Ports,
+    Prober,
+    ProcessError,
+    ServerHandle,
+    StoreError,
+)
+from supervisor.core import machine
+from supervisor.core.config import Config, ConfigError
+from supervisor.core.diagnosis import diagnose
+from supervisor.core.machine import (
     Boot,
     CancelTimer,
     ConfigChanged,
@@ -61,14 +77,39 @@ from .machine import (
     Timer,
     TimerFired,
 )
-from .model import Cause, ExitStatus, State
-from .ports import ControlHandle, Monitor, NullNotifier, Ports, Prober, ServerHandle
-from .process import ProcessError, RotatingLog, server_env
-from .sdnotify import watchdog_loop
-from .startup_facts import StartupFactsParser
-from .store import StoreError
+from supervisor.core.model import Cause, ExitStatus, State
+from supervisor.core.ownership import LAUNCH_VAR, MARK_VAR, recorded_server, server_env
+from supervisor.core.startup_facts import StartupFactsParser
 
 KERNEL_LOG_TAIL = 256 * 1024
+
+
+class Notifier(Protocol):
+    """systemd's notify protocol, as the watchdog loop uses it (``sdnotify.Notifier``)."""
+
+    def watchdog(self) -> None: ...
+
+
+async def watchdog_loop(
+    notifier: Notifier,
+    interval_s: float,
+    alive: Callable[[], bool] | None = None,
+    *,
+    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+) -> None:
+    """Send ``WATCHDOG=1`` every ``interval_s`` from the event loop until cancelled.
+
+    The pings come from the loop itself, so a blocked loop stops them. ``alive`` (optional)
+    is asked before each ping: returning False withholds it, letting systemd restart a
+    daemon whose loop turns but whose supervision is stuck. ``sleep`` waits between pings
+    (``asyncio.sleep``; tests pass a simulated clock's to check the pace exactly).
+    """
+    if interval_s <= 0:
+        raise ValueError(f"watchdog interval must be > 0, got {interval_s!r}")
+    while True:
+        if alive is None or alive():
+            notifier.watchdog()
+        await sleep(interval_s)
 
 
 def wall_now() -> str:
@@ -114,8 +155,8 @@ class Daemon:
         self._prober: Prober | None = None
         self._gpu_monitor: Monitor | None = None
         self._last_saved: dict[str, Any] | None = None
-        # Our mark on every server we launch (cleanup.MARK_VAR): what makes a process provably ours.
-        self.instance_id = cleanup.instance_id(cfg.state.dir)
+        # Our mark on every server we launch (ownership.MARK_VAR): what makes a process provably ours.
+        self.instance_id = ports.cleanup.instance_id(cfg.state.dir)
         self._launch_nonce: str | None = None
         self._oom_kills_at_launch: int | None = None
         self._control: ControlHandle | None = None
@@ -255,7 +296,7 @@ class Daemon:
             self._recorded_pgid = None
             self._recorded_tree = []
             if cfg.gpu.backend != "none":
-                result = await gpu.wait_until_released(
+                result = await release.wait_until_released(
                     self.p.gpu_probe,
                     min_free_share=cfg.gpu.free_share_min,
                     timeout_s=cfg.gpu.release_timeout_s,
@@ -295,10 +336,10 @@ class Daemon:
             self.log.exception("prepare_failed", error=repr(exc)[:300])
             self.post(PrepareFailed(Cause.PREFLIGHT_FAILED, f"internal error: {exc!r}"[:300]))
 
-    async def _sample_or_none(self) -> list[gpu.GpuInfo]:
+    async def _sample_or_none(self) -> list[GpuInfo]:
         try:
             return await self.p.gpu_probe.sample()
-        except gpu.GpuProbeError:
+        except GpuProbeError:
             return []
 
     # -- launching and watching -------------------------------------------------------------
@@ -306,7 +347,7 @@ class Daemon:
     async def _launch(self, launch: Launch) -> None:
         cfg = self.cfg
         state_dir = Path(cfg.state.dir)
-        log = RotatingLog(
+        log = self.p.open_log(
             cfg.logging.server_log or state_dir / "server.log",
             cfg.logging.server_log_max_bytes,
             cfg.logging.server_log_backups,
@@ -314,7 +355,7 @@ class Daemon:
         )
         log.write(f"=== sglang-supervisor launch {launch.attempt} at {wall_now()}: {' '.join(launch.argv)}\n".encode())
         self._launch_nonce = uuid.uuid4().hex[:16]
-        mark = {cleanup.MARK_VAR: self.instance_id, cleanup.LAUNCH_VAR: self._launch_nonce}
+        mark = {MARK_VAR: self.instance_id, LAUNCH_VAR: self._launch_nonce}
         env = server_env(cfg.server.pass_env, cfg.server.env, self.p.environ, mark)
         self._oom_kills_at_launch = await asyncio.to_thread(self._oom_kills)
         try:
@@ -436,7 +477,7 @@ class Daemon:
                 learned = Learned.from_dict(data["learned"]).rebased(self.cfg)
             except (KeyError, TypeError, ValueError) as exc:
                 self.log.warning("state_unreadable", detail=f"{exc!r}"[:200])
-            recorded = cleanup.recorded_server(data)
+            recorded = recorded_server(data)
             self._recorded_pgid = recorded["recorded_pgid"]
             self._recorded_since = recorded["recorded_since"]
             self._recorded_tree = recorded["recorded_tree"]
@@ -493,10 +534,8 @@ class Daemon:
     async def _start_control(self) -> None:
         """The control socket (``restart``); a daemon without one still supervises."""
         try:
-            self._control = await self.p.start_control(
-                control.socket_path(self.cfg.state.dir), self._on_control
-            )
-        except control.ControlError as exc:
+            self._control = await self.p.start_control(self.cfg.state.dir, self._on_control)
+        except ControlError as exc:
             self.log.warning("control_unavailable", error=str(exc))
 
     def _on_control(self, request: Mapping[str, Any]) -> dict[str, Any]:
@@ -619,7 +658,7 @@ class Daemon:
 
 
 def _nothing_ran() -> Any:
-    from .model import Diagnosis, Phase
+    from supervisor.core.model import Diagnosis, Phase
 
     return Diagnosis(cause=Cause.OTHER, phase=Phase.STARTING, evidence=("no server process",))
 
@@ -638,7 +677,7 @@ def _read_tail(path: str) -> str | None:
 
 
 def _rung(fraction: float | None, cfg: Config) -> int:
-    from .policy import rung_of
+    from supervisor.core.policy import rung_of
 
     return rung_of(fraction, cfg.policy.fraction_ladder)
 
@@ -648,7 +687,7 @@ def _host_for_url(host: str) -> str:
 
 
 def _version() -> str:
-    from . import __version__
+    from supervisor import __version__
 
     return __version__
 

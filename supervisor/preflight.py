@@ -1,9 +1,11 @@
-"""Preflight: the checks run before every launch, and ``sglang-supervisor preflight``.
+"""Preflight: the checks run before every launch (and by ``sglang-supervisor preflight``).
 
-The checks are pure functions of facts (``check_*`` return a ``Check``); ``run_preflight``
-gathers the facts (GPU probe, ``psutil.virtual_memory``, a bind test on the port, the model
-path) and ``run`` is the CLI command, which also finds our stale servers (``cleanup``) so
-that a port they hold does not fail the check. ``permanent`` marks a failure that waiting cannot fix
+A service over the adapters, beside the daemon: the daemon reaches it through its
+``Preflight`` port, the CLI command (``supervisor/cli/preflight.py``) directly. The checks
+are pure functions of facts (``check_*`` return a ``Check``); ``run_preflight`` gathers the
+facts (GPU probe, ``psutil.virtual_memory``, a bind test on the port, the model path), and
+``cli_checks`` also finds our stale servers (``cleanup``) so that a port they hold does not
+fail the check. ``permanent`` marks a failure that waiting cannot fix
 (config arithmetic): the daemon gives up on it, and retries on the backoff otherwise.
 
 Units: ``--hicache-size`` is in GB of 10^9 bytes per TP rank, as SGLang reads it, so host
@@ -12,35 +14,24 @@ RAM is reported in the same GB.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import errno
-import json
 import os
 import socket
 from collections.abc import Collection, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from supervisor.cleanup import instance_id, listeners, recorded_server, scan_stale
-from supervisor.config import Config, ServerConfig
-from supervisor.gpu import GpuProbe, GpuProbeError, make_probe
-from supervisor.store import StateStore
+from supervisor.adapters.cleanup import instance_id, listeners, scan_stale
+from supervisor.adapters.ports import Check, GpuProbe, GpuProbeError
+from supervisor.adapters.store import StateStore
+from supervisor.core.config import Config, ServerConfig
+from supervisor.core.ownership import recorded_server
 
 GB = 10**9
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    """One preflight check: its verdict, a one-line detail, and whether waiting can change it."""
-
-    name: str
-    ok: bool
-    detail: str
-    permanent: bool = False
 
 
 def _n(x: float) -> str:
@@ -274,26 +265,9 @@ async def run_preflight(
     ]
 
 
-# --------------------------------------------------------------------------- CLI
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Options of ``sglang-supervisor preflight`` besides ``--config`` (the CLI adds that)."""
-    p.add_argument("--json", action="store_true", help="print the checks as JSON")
-
-
-def run(args: argparse.Namespace, cfg: Config) -> int:
-    """``sglang-supervisor preflight``: print the checks; 0 when all pass, 1 otherwise."""
-    checks = asyncio.run(_cli_checks(cfg))
-    if getattr(args, "json", False):
-        print(json.dumps({"ok": all_ok(checks), "checks": [asdict(c) for c in checks]}, indent=2))
-    else:
-        print(format_table(checks))
-    return 0 if all_ok(checks) else 1
-
-
-async def _cli_checks(cfg: Config) -> list[Check]:
-    probe = make_probe(cfg.gpu)
+async def cli_checks(cfg: Config, probe: GpuProbe) -> list[Check]:
+    """The checks as ``sglang-supervisor preflight`` runs them: our own stale servers (found
+    as before a launch) do not fail the port check. Closes ``probe``."""
     try:
         try:
             gpu_pids = {p.pid for g in await probe.sample() for p in g.processes}
@@ -308,4 +282,3 @@ async def _cli_checks(cfg: Config) -> list[Check]:
         return await run_preflight(cfg, probe, stale_pids={p.pid for p in stale.ours})
     finally:
         await probe.aclose()
-

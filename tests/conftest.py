@@ -43,7 +43,7 @@ def _descendants() -> list[psutil.Process]:
         return []
 
 
-def ours(title_parts: tuple[str, ...] = ("supervisor.simulator", "sglang::")) -> list[psutil.Process]:
+def ours(title_parts: tuple[str, ...] = ("supervisor.sim.simulator", "sglang::")) -> list[psutil.Process]:
     """Every live process on the machine that looks like our simulator or an SGLang part."""
     found = []
     for p in psutil.process_iter(["cmdline", "name", "status"]):

@@ -11,8 +11,8 @@ import collections
 from dataclasses import dataclass
 from pathlib import Path
 
-from supervisor.diagnosis import diagnose
-from supervisor.model import Diagnosis, ExitStatus
+from supervisor.core.diagnosis import diagnose
+from supervisor.core.model import Diagnosis, ExitStatus
 
 CORPUS = Path(__file__).parent / "data" / "crashlogs"
 REAL = CORPUS / "real"

@@ -29,7 +29,7 @@ def _test_id_env() -> dict[str, str]:
 
 def sim_command(*sim_args: str, load_s: float = 0.2) -> list[str]:
     # The drain is polled every 5 s by 0.5.23; 0.25 s keeps planned stops of fast tests fast.
-    return [sys.executable, "-m", "supervisor.simulator", "--sim-load-s", str(load_s), "--sim-drain-poll-s", "0.25",
+    return [sys.executable, "-m", "supervisor.sim.simulator", "--sim-load-s", str(load_s), "--sim-drain-poll-s", "0.25",
             *sim_args]
 
 
@@ -60,7 +60,7 @@ def write_config(tmp: Path, sections: dict[str, dict[str, Any]] | None = None, *
     }
     for section, keys in (sections or {}).items():
         base.setdefault(section, {}).update(keys)
-    from supervisor import simgpu
+    from supervisor.sim import simgpu
 
     simgpu.ensure_gpus(gpus, 8, 96)
     path = tmp / f"{name}.toml"
@@ -151,7 +151,7 @@ def simulator_mains(test_id: str | None = None) -> list[int]:
     for p in psutil.process_iter(["cmdline", "status", "ppid"]):
         try:
             cmd = p.info["cmdline"] or []
-            if "supervisor.simulator" not in cmd or p.info["status"] == psutil.STATUS_ZOMBIE:
+            if "supervisor.sim.simulator" not in cmd or p.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
             if test_id and p.environ().get("SGLANG_SUPERVISOR_TEST_ID") != test_id:
                 continue
@@ -203,7 +203,7 @@ def simulator_mains_on(port: int) -> list[int]:
     for p in psutil.process_iter(["cmdline", "status", "ppid"]):
         try:
             cmd = p.info["cmdline"] or []
-            if "supervisor.simulator" not in cmd or p.info["status"] == psutil.STATUS_ZOMBIE:
+            if "supervisor.sim.simulator" not in cmd or p.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
             if any(a == "--port" and i + 1 < len(cmd) and cmd[i + 1] == wanted for i, a in enumerate(cmd)):
                 sims[p.pid] = p.info["ppid"]
@@ -263,7 +263,7 @@ class ProcessWatch:
                 for kid in kids:
                     self._note(kid)
             if self.gpu_dir is not None:
-                from supervisor import simgpu
+                from supervisor.sim import simgpu
 
                 for holder in simgpu.read_processes(self.gpu_dir):
                     if holder.alive:

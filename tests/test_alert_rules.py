@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from supervisor.metrics import Metrics
+from supervisor.sinks.metrics import Metrics
 from tests.conftest import require_binary
 
 ETC = Path(__file__).resolve().parent.parent / "etc" / "prometheus"

@@ -16,7 +16,11 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from supervisor.alerts import (
+from supervisor.cli.drill import run
+from supervisor.core.config import Config, MqttConfig
+from supervisor.core.events import ALERT_KINDS
+from supervisor.core.policy import exponential_backoff
+from supervisor.sinks.alerts import (
     RECONNECT_FACTOR,
     RECONNECT_JITTER,
     SEVERITY,
@@ -26,12 +30,8 @@ from supervisor.alerts import (
     build_alert,
     build_state,
     drill,
-    run,
     truncate_evidence,
 )
-from supervisor.config import Config, MqttConfig
-from supervisor.events import ALERT_KINDS
-from supervisor.policy import exponential_backoff
 from tests.conftest import free_port
 
 TS = datetime(2026, 10, 4, 3, 12, 9, 123456, tzinfo=UTC)

@@ -16,8 +16,9 @@ import psutil
 import pytest
 from structlog.testing import capture_logs
 
-from supervisor.alerts import MqttAlerter, Topics, drill, run
-from supervisor.config import Config, MqttConfig
+from supervisor.cli.drill import run
+from supervisor.core.config import Config, MqttConfig
+from supervisor.sinks.alerts import MqttAlerter, Topics, drill
 from tests.conftest import wait_until
 from tests.mosquitto import BlackHole, Broker, Collector, Received, make_tls_files, retained
 from tests.test_alerts import CRASH, RECOVERED, RESTART, until
@@ -136,8 +137,8 @@ async def test_events_arrive_as_readable_json_on_their_topics(broker: Broker) ->
 
 CHILD = """
 import asyncio, sys
-from supervisor.alerts import MqttAlerter
-from supervisor.config import MqttConfig
+from supervisor.sinks.alerts import MqttAlerter
+from supervisor.core.config import MqttConfig
 
 async def main():
     up = asyncio.Event()

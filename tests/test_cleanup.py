@@ -12,8 +12,7 @@ import psutil
 import pytest
 from conftest import free_port
 
-from supervisor import simgpu
-from supervisor.cleanup import (
+from supervisor.adapters.cleanup import (
     LAUNCH_VAR,
     MARK_VAR,
     ProcInfo,
@@ -25,7 +24,10 @@ from supervisor.cleanup import (
     scan_stale,
     server_kind,
 )
-from supervisor.gpu import GIB, SimulatedProbe, wait_until_released
+from supervisor.adapters.ports import GIB
+from supervisor.release import wait_until_released
+from supervisor.sim import simgpu
+from supervisor.sim.gpuprobe import SimulatedProbe
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 
@@ -223,7 +225,7 @@ def test_instance_id_is_stable_per_state_dir(tmp_path: Path) -> None:
         (["python3", "-m", "sglang.launch_server", "--model-path", "m"], "sglang.launch_server"),
         (["/venv/bin/sglang", "serve", "--model-path", "m"], "sglang serve"),
         (["python", "/x/sglang/launch_server.py"], "sglang.launch_server"),
-        (["python", "-m", "supervisor.simulator", "--port", "1"], "supervisor.simulator"),
+        (["python", "-m", "supervisor.sim.simulator", "--port", "1"], "supervisor.sim.simulator"),
         (["python", "-m", "vllm.entrypoints.openai.api_server"], None),
         (["bash", "-c", "echo sglang::scheduler"], None),
     ],

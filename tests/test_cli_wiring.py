@@ -1,10 +1,10 @@
 """The daemon's composition root wires the MQTT alerter's health reports to the metrics sink
 through the one mapping, ``Metrics.alerting_health`` (issue 14, item 1).
 
-A copy of that mapping in ``cli.run_daemon_async`` once left out ``mqtt_connect_failed``: with
+A copy of that mapping in ``cli.run.run_daemon_async`` once left out ``mqtt_connect_failed``: with
 the broker down the daemon logged connect failures while
 ``sglang_supervisor_mqtt_connect_failures_total`` stayed 0. These tests build the alerter the
-way the daemon does (``cli.build_alerter``) and feed its health hook.
+way the daemon does (``cli.run.build_alerter``) and feed its health hook.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from dataclasses import replace
 import structlog
 from prometheus_client import CollectorRegistry
 
-from supervisor import cli
-from supervisor.config import Config, MqttConfig
-from supervisor.metrics import Metrics
+from supervisor.cli import run as cli
+from supervisor.core.config import Config, MqttConfig
+from supervisor.sinks.metrics import Metrics
 from tests.conftest import free_port
 
 P = "sglang_supervisor_"

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.config import (
+from supervisor.core.config import (
     DEFAULT_LADDER,
     Config,
     ConfigError,
@@ -25,7 +25,7 @@ from supervisor.config import (
     load_config,
     parse_override,
 )
-from supervisor.machine import build_argv
+from supervisor.core.machine import build_argv
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = 'model_path = "moonshotai/Kimi-K2.5"'
@@ -420,7 +420,7 @@ def test_demo_config_loads(tmp_path: Path) -> None:
     """etc/demo.toml is valid and runs the simulator on the simulated GPU backend."""
     cfg = load_config(_shipped(tmp_path, "demo.toml"))
     assert cfg.gpu.backend == "simulated"
-    assert cfg.server.command[1:3] == ("-m", "supervisor.simulator")
+    assert cfg.server.command[1:3] == ("-m", "supervisor.sim.simulator")
     assert not cfg.mqtt.enabled
 
 

@@ -17,8 +17,8 @@ import pytest
 from conftest import wait_until
 from harness import REPO, DaemonRun, ServerCounter, simulator_mains, write_config
 
-from supervisor import simgpu
-from supervisor.loadgen import run_load
+from supervisor.sim import simgpu
+from supervisor.sim.loadgen import run_load
 
 pytestmark = pytest.mark.integration
 
@@ -256,14 +256,14 @@ def test_world_writable_config_is_refused(tmp_path):
 ])
 def test_oom_kill_files_for_v1_v2_and_hybrid_hosts(text, files):
     """Where the OOM killer's count of the daemon's own cgroup lives, whatever the hierarchy."""
-    from supervisor.cgroup import oom_kill_files
+    from supervisor.adapters.cgroup import oom_kill_files
 
     assert oom_kill_files(text) == files
 
 
 def test_cgroup_oom_kills_reads_both_formats(tmp_path):
     """v2's memory.events and v1's memory.oom_control both say ``oom_kill N``; unreadable is None."""
-    from supervisor.cgroup import cgroup_oom_kills
+    from supervisor.adapters.cgroup import cgroup_oom_kills
 
     v2 = tmp_path / "memory.events"
     v2.write_text("low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\noom_group_kill 0\n")

@@ -15,13 +15,11 @@ from typing import Any
 
 import pytest
 
-from supervisor.cleanup import StaleReport
-from supervisor.config import Config, HealthConfig, LoggingConfig, PolicyConfig, ServerConfig, StateConfig
+from supervisor.adapters.ports import Ports, ProbeOutcome, StaleReport
+from supervisor.adapters.store import StoreError
+from supervisor.core.config import Config, HealthConfig, LoggingConfig, PolicyConfig, ServerConfig, StateConfig
+from supervisor.core.model import ExitStatus, State
 from supervisor.daemon import EXIT_DAEMON_FAILED, Daemon
-from supervisor.health import ProbeOutcome
-from supervisor.model import ExitStatus, State
-from supervisor.ports import Ports
-from supervisor.store import StoreError
 
 DEADLINE_S = 5.0
 
@@ -181,9 +179,26 @@ class FakeProber:
     async def aclose(self) -> None: ...
 
 
+class FakeLog:
+    """The server log port: keeps what was written, in memory."""
+
+    def __init__(self, path: Any, max_bytes: int, backups: int, *, on_error: Any = None) -> None:
+        self.data = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def close(self) -> None:
+        self.closed = True
+
+
 class FakeCleanup:
     def __init__(self) -> None:
         self.listening: set[int] = set()  # pids the port's listeners belong to (empty: not visible)
+
+    def instance_id(self, state_dir: str) -> str:
+        return "component-instance"
 
     def find_stale(self, **kw: Any) -> StaleReport:
         return StaleReport()
@@ -204,7 +219,7 @@ class FakeControl:
     async def close(self) -> None: ...
 
 
-async def start_control(path: Path, handler: Any) -> FakeControl:
+async def start_control(state_dir: str, handler: Any) -> FakeControl:
     return FakeControl()
 
 
@@ -233,7 +248,7 @@ class Rig:
         ports = Ports(
             store=self.store, sinks=[self.sink], logger=self.logger, cleanup=self.cleanup,
             preflight=FakePreflight(), spawner=self.spawner, prober=lambda url, timeout_s: self.prober,
-            gpu_monitor=no_gpu_monitor, start_control=start_control, oom_kills=lambda path: None,
+            gpu_monitor=no_gpu_monitor, open_log=FakeLog, start_control=start_control, oom_kills=lambda path: None,
             environ={}, host="testhost", install_signals=False,
         )
         self.daemon = Daemon(self.cfg, ports)

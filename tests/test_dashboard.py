@@ -18,7 +18,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor.metrics import Metrics
+from supervisor.sinks.metrics import Metrics
 from tests.conftest import require_binary
 from tests.test_metrics import STARTUP_FACTS, feed, night
 

@@ -12,7 +12,7 @@ import diagnosis_corpus
 import pytest
 from conftest import free_port
 
-from supervisor.diagnosis import (
+from supervisor.core.diagnosis import (
     INTERNAL_ERROR_TYPE,
     MAX_TAIL_BYTES,
     describe_action,
@@ -21,7 +21,7 @@ from supervisor.diagnosis import (
     read_oom_kill_count,
     tail_text,
 )
-from supervisor.model import LOG_CAUSES, Cause, Diagnosis, ExitStatus, Phase, Remedy
+from supervisor.core.model import LOG_CAUSES, Cause, Diagnosis, ExitStatus, Phase, Remedy
 
 MEMORY_CAUSES = diagnosis_corpus.MEMORY_CAUSES
 
@@ -451,7 +451,7 @@ def test_simulator_deaths_are_read_right(
 ) -> None:
     """The simulator's output for each failure mode, as the daemon captures it, reads right."""
     argv = [
-        sys.executable, "-m", "supervisor.simulator", "--model-path", str(tmp_path / "model"),
+        sys.executable, "-m", "supervisor.sim.simulator", "--model-path", str(tmp_path / "model"),
         "--port", str(free_port()), "--tp-size", "2", "--sim-version", version, "--sim-fail", mode,
         "--sim-load-s", "0.2", "--sim-fail-after-s", "0.3",
     ]

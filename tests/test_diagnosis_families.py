@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.diagnosis import diagnose
-from supervisor.model import Cause, ExitStatus, Phase, Remedy
+from supervisor.core.diagnosis import diagnose
+from supervisor.core.model import Cause, ExitStatus, Phase, Remedy
 
 TS = "[2026-03-01 12:00:00 TP0] "
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 448.00 MiB. GPU 0 has 79 GiB in use."

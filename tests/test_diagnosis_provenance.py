@@ -14,8 +14,8 @@ import collections
 import diagnosis_corpus
 import pytest
 
-from supervisor.diagnosis import RULES
-from supervisor.startup_facts import SOURCE_PATTERNS
+from supervisor.core.diagnosis import RULES
+from supervisor.core.startup_facts import SOURCE_PATTERNS
 
 ORIGINS = {
     "sglang", "sglang-legacy", "torch", "nccl", "gloo", "cuda", "nvidia-driver", "nvml", "kernel", "vllm", "ray",

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import explain
-from supervisor.diagnosis import MAX_TAIL_BYTES, diagnose
+from supervisor.cli import explain
+from supervisor.core.diagnosis import MAX_TAIL_BYTES, diagnose
 
 CORPUS = Path(__file__).parent / "data" / "crashlogs"
 TS = "[2026-03-01 12:00:00 TP0] "
@@ -156,9 +156,9 @@ def test_explain_agrees_with_diagnose_on_every_corpus_log(capsys: pytest.Capture
 
 
 def test_module_runs_as_a_real_process(crashed_log: Path, no_leftovers: None) -> None:
-    """'python -m supervisor.explain --json LOG' works end to end in its own process."""
+    """'python -m supervisor.cli.explain --json LOG' works end to end in its own process."""
     done = subprocess.run(
-        [sys.executable, "-m", "supervisor.explain", "--json", str(crashed_log)],
+        [sys.executable, "-m", "supervisor.cli.explain", "--json", str(crashed_log)],
         capture_output=True, text=True, timeout=60, check=False,
     )
     assert done.returncode == 0, done.stderr

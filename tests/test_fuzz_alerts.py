@@ -1,6 +1,6 @@
 """Fuzzed alert payloads: huge evidence is truncated, with a marker saying by how much.
 
-Hypothesis feeds ``supervisor.alerts.build_alert`` (and ``MqttAlerter.emit``, whose outbox
+Hypothesis feeds ``supervisor.sinks.alerts.build_alert`` (and ``MqttAlerter.emit``, whose outbox
 holds the bytes that would be published) evidence of every shape the daemon could hand it:
 thousands of lines, one giant line, wide Unicode, non-strings. The payload's evidence never
 exceeds ``[mqtt] evidence_max_chars``, what is kept is the start of the evidence, and the
@@ -18,9 +18,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.alerts import Context, MqttAlerter, build_alert, truncate_evidence
-from supervisor.config import MqttConfig
-from supervisor.model import Cause
+from supervisor.core.config import MqttConfig
+from supervisor.core.model import Cause
+from supervisor.sinks.alerts import Context, MqttAlerter, build_alert, truncate_evidence
 
 MARKER = re.compile(r"\n\.\.\. \[truncated (\d+) chars\]\Z")
 TS = datetime(2026, 11, 29, 3, 12, 9, tzinfo=UTC)

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from supervisor.config import Config, ConfigError, load_config
+from supervisor.core.config import Config, ConfigError, load_config
 
 REPO = Path(__file__).resolve().parent.parent
 SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "name"}

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.health import MAX_BODY, HealthProber, ProbeOutcome
+from supervisor.adapters.health import MAX_BODY, HealthProber, ProbeOutcome
 
 TIMEOUT_S = 1.0
 MARGIN_S = 5.0  # a deadline for "it returned", not a timing claim

@@ -11,20 +11,21 @@ from collections.abc import Iterator
 import fake_pynvml
 import pytest
 
-from supervisor.config import GpuConfig
-from supervisor.gpu import (
-    GIB,
+from supervisor.adapters.gpu import (
     GpuInfo,
     GpuMonitor,
     GpuProbeError,
     GpuProcess,
     NoneProbe,
     NvmlProbe,
-    SimulatedProbe,
     make_probe,
     parse_visible_devices,
-    wait_until_released,
 )
+from supervisor.adapters.ports import GIB
+from supervisor.cli import registry
+from supervisor.core.config import GpuConfig
+from supervisor.release import wait_until_released
+from supervisor.sim.gpuprobe import SimulatedProbe
 
 UUID0 = "GPU-11111111-2222-3333-4444-555555555555"
 UUID1 = "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
@@ -329,7 +330,12 @@ async def test_monitor_reports_a_lost_gpu_once(nvml: fake_pynvml.FakeState) -> N
 
 
 def test_make_probe_picks_the_configured_backend(tmp_path) -> None:
-    """make_probe maps [gpu] backend to the probe class."""
+    """make_probe maps [gpu] backend to the probe class; the simulated backend comes only
+    through the CLI's registry (the adapter never imports the simulator)."""
     assert isinstance(make_probe(GpuConfig(backend="nvml")), NvmlProbe)
-    assert isinstance(make_probe(GpuConfig(backend="simulated", sim_dir=str(tmp_path))), SimulatedProbe)
     assert isinstance(make_probe(GpuConfig()), NoneProbe)
+    simulated = GpuConfig(backend="simulated", sim_dir=str(tmp_path))
+    assert isinstance(registry.make_probe(simulated), SimulatedProbe)
+    with pytest.raises(GpuProbeError, match="not available in this install") as err:
+        make_probe(simulated)
+    assert err.value.unavailable

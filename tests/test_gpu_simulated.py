@@ -9,17 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import simgpu
-from supervisor.gpu import (
-    GIB,
-    GpuInfo,
-    GpuMonitor,
-    GpuProbeError,
-    GpuWatch,
-    SimulatedProbe,
-    gpus_released,
-    wait_until_released,
-)
+from supervisor.adapters.gpu import GpuInfo, GpuMonitor, GpuProbeError, GpuWatch
+from supervisor.adapters.ports import GIB
+from supervisor.release import ERRORS_BEFORE_DEGRADED, gpus_released, wait_until_released
+from supervisor.sim import simgpu
+from supervisor.sim.gpuprobe import SimulatedProbe
 
 Sleeper = Callable[[], subprocess.Popen[bytes]]
 
@@ -260,7 +254,7 @@ async def test_monitor_samples_the_simulated_gpu_while_serving(sim_dir: Path, sl
 async def test_wait_until_released_gives_up_waiting_after_errors_in_a_row() -> None:
     """A probe that keeps failing (not lost) ends the wait after a few tries: the daemon then
     runs degraded instead of holding the relaunch for the whole release timeout."""
-    from supervisor import gpu
+    from supervisor.adapters import gpu
 
     class Failing:
         calls = 0
@@ -275,6 +269,6 @@ async def test_wait_until_released_gives_up_waiting_after_errors_in_a_row() -> N
     async def no_sleep(_s: float) -> None:
         return None
 
-    result = await gpu.wait_until_released(Failing(), min_free_share=0.95, timeout_s=3600, poll_s=1.0, sleep=no_sleep)
+    result = await wait_until_released(Failing(), min_free_share=0.95, timeout_s=3600, poll_s=1.0, sleep=no_sleep)
     assert not result.ok and result.error is not None
-    assert Failing.calls == gpu.ERRORS_BEFORE_DEGRADED
+    assert Failing.calls == ERRORS_BEFORE_DEGRADED

@@ -10,7 +10,7 @@ import pytest
 from conftest import free_port
 from test_simulator import Sim, avail_after_capture, sim  # noqa: F401 - sim is a fixture
 
-from supervisor.loadgen import LoadResult, run_load
+from supervisor.sim.loadgen import LoadResult, run_load
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,5 @@
 """Unit tests of the state machine (issue 2): one test per ``# FROM -> TO`` edge of
-``supervisor/machine.py``, the seed's night, and a property test over random events.
+``supervisor/core/machine.py``, the seed's night, and a property test over random events.
 
 Pure: no event loop, no sleeps, no processes. Time is a number the test advances; jitter
 comes from ``random.Random(0)``.
@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.config import Config, build_config
-from supervisor.machine import (
+from supervisor.core.config import Config, build_config
+from supervisor.core.machine import (
     Action,
     Boot,
     CancelTimer,
@@ -50,7 +50,7 @@ from supervisor.machine import (
     TimerFired,
     step,
 )
-from supervisor.model import (
+from supervisor.core.model import (
     Cause,
     Diagnosis,
     ExitStatus,

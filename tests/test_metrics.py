@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor.config import MetricsConfig
-from supervisor.metrics import (
+from supervisor.core.config import MetricsConfig
+from supervisor.core.model import Cause, State
+from supervisor.sinks.metrics import (
     GIB,
     HICACHE_GB,
     Metrics,
@@ -31,7 +32,6 @@ from supervisor.metrics import (
     parse_listen,
     start_metrics_server,
 )
-from supervisor.model import Cause, State
 from tests.conftest import require_binary
 
 P = "sglang_supervisor_"

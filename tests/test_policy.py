@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor.config import PolicyConfig
-from supervisor.model import Cause, Remedy
-from supervisor.policy import (
+from supervisor.core.config import PolicyConfig
+from supervisor.core.model import Cause, Remedy
+from supervisor.core.policy import (
     Decision,
     backoff_delay,
     decide,

@@ -12,13 +12,12 @@ import pytest
 from conftest import free_port
 from test_cleanup import Spawn, spawn  # noqa: F401 - the fixture, shared rather than copied
 
-from supervisor import simgpu
-from supervisor.config import Config, GpuConfig, ServerConfig, StateConfig
-from supervisor.gpu import GpuProbeError, SimulatedProbe
+from supervisor.adapters.ports import GpuProbeError
+from supervisor.cli.preflight import add_arguments, run
+from supervisor.core.config import Config, GpuConfig, ServerConfig, StateConfig
 from supervisor.preflight import (
     GB,
     Check,
-    add_arguments,
     check_gpu_count,
     check_host_ram,
     check_model_path,
@@ -27,9 +26,10 @@ from supervisor.preflight import (
     format_table,
     permanent_failure,
     ranks_on_host,
-    run,
     run_preflight,
 )
+from supervisor.sim import simgpu
+from supervisor.sim.gpuprobe import SimulatedProbe
 
 SEED_HOST_AVAILABLE = 449 * GB
 SEED_HOST_TOTAL = 503 * GB
@@ -191,7 +191,7 @@ def test_cli_port_held_by_our_stale_server_passes(
 ) -> None:
     """A stale server process of ours (it carries this config's mark) listening on the port does
     not fail preflight: it is cleared before launch."""
-    from supervisor.cleanup import instance_id
+    from supervisor.adapters.cleanup import instance_id
 
     cfg = _config(tmp_path, gpus=1)
     stale = spawn("", port=cfg.server.port, mark=instance_id(cfg.state.dir))

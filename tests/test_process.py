@@ -10,7 +10,8 @@ import sys
 import psutil
 import pytest
 
-from supervisor.process import RotatingLog, ServerProcess, Tail, server_env
+from supervisor.adapters.process import RotatingLog, ServerProcess, Tail
+from supervisor.core.ownership import server_env
 
 PY = sys.executable
 
@@ -106,7 +107,7 @@ async def test_a_descendant_that_left_the_group_is_killed_too(tmp_path, no_lefto
 
 async def test_a_missing_command_is_a_process_error(tmp_path):
     """An argv[0] that does not exist is reported, not raised as OSError."""
-    from supervisor.process import ProcessError
+    from supervisor.adapters.process import ProcessError
 
     log = RotatingLog(tmp_path / "server.log", 1 << 20, 1)
     with pytest.raises(ProcessError, match="/nonexistent/python"):

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from supervisor.metrics import Metrics, start_metrics_server
+from supervisor.sinks.metrics import Metrics, start_metrics_server
 from tests.conftest import free_port, require_binary
 from tests.prom import JOB, PrometheusServer, rose, went
 from tests.test_alert_rules import REQUIRED_ALERTS, RULES

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import wait_until
 
-from supervisor.sdnotify import STATUS_MAX_CHARS, Notifier, watchdog_loop
+from supervisor.adapters.sdnotify import STATUS_MAX_CHARS, Notifier
+from supervisor.daemon import watchdog_loop
 
 Message = dict[str, str]
 
@@ -262,7 +263,7 @@ def test_without_notify_socket_everything_is_a_noop(listener: NotifyListener) ->
 def test_unreachable_socket_never_raises_and_logs_once(address: str, caplog: pytest.LogCaptureFixture) -> None:
     """A socket nobody listens on: calls return False, never raise, and one warning is logged."""
     n = Notifier.from_env({"NOTIFY_SOCKET": address})
-    with caplog.at_level(logging.WARNING, logger="supervisor.sdnotify"):
+    with caplog.at_level(logging.WARNING, logger="supervisor.adapters.sdnotify"):
         results = [n.ready(), n.status("a"), n.watchdog(), n.stopping()]
     assert results == [False, False, False, False]
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1

@@ -28,10 +28,10 @@ import pytest
 from conftest import free_port, wait_until
 from harness import REPO, DaemonRun, ProcessWatch, write_config
 
-from supervisor import logs
-from supervisor.alerts import MqttAlerter
-from supervisor.config import ConfigError, MetricsConfig, MqttConfig, ServerConfig, load_config
-from supervisor.metrics import start_metrics_server
+from supervisor.core.config import ConfigError, MetricsConfig, MqttConfig, ServerConfig, load_config
+from supervisor.sinks import logs
+from supervisor.sinks.alerts import MqttAlerter
+from supervisor.sinks.metrics import start_metrics_server
 
 LOOPBACK = {"127.0.0.1", "::1"}
 
@@ -308,8 +308,8 @@ def test_server_environment_holds_only_what_the_config_names(tmp_path: Path) -> 
 def test_pass_env_patterns_and_the_default_list() -> None:
     """pass_env takes shell patterns; the defaults carry what SGLang reads (tokens, NCCL_*,
     SGLANG_*, CUDA_*, the allocator, the loader path) and nothing else; the mark wins."""
-    from supervisor.config import DEFAULT_PASS_ENV
-    from supervisor.process import server_env
+    from supervisor.core.config import DEFAULT_PASS_ENV
+    from supervisor.core.ownership import server_env
 
     environ = {"NCCL_DEBUG": "INFO", "SGLANG_USE_CPU_ENGINE": "1", "HF_TOKEN": "hf_x", "CUDA_VISIBLE_DEVICES": "0,1",
                "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "LD_LIBRARY_PATH": "/opt/x", "AWS_SECRET": "s",

@@ -23,8 +23,8 @@ import psutil
 import pytest
 from conftest import free_port, wait_until
 
-from supervisor import simgpu, simulator
-from supervisor.simulator import VERSIONS
+from supervisor.sim import simgpu, simulator
+from supervisor.sim.simulator import VERSIONS
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +43,7 @@ class Sim:
         self.stamp = tmp_path / f"stamp-{self.port}"
         self.kernel_log = tmp_path / "kern.log"
         cmd = [
-            sys.executable, "-m", "supervisor.simulator", "--model-path", "/models/DeepSeek-V3",
+            sys.executable, "-m", "supervisor.sim.simulator", "--model-path", "/models/DeepSeek-V3",
             "--port", str(self.port), "--sim-load-s", "0.2", "--sim-gpu-dir", str(self.gpu_dir),
             "--sim-crash-stamp", str(self.stamp), *(["--sim-kernel-log", str(self.kernel_log)] if kernel_log else []),
             *args,

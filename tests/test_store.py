@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config import Config, build_config
-from supervisor.machine import CrashRecord, Learned
-from supervisor.model import Cause, Phase, Remedy
-from supervisor.store import LOCK_FILE, STATE_FILE, StateStore, StoreError
+from supervisor.adapters.store import LOCK_FILE, STATE_FILE, StateStore, StoreError
+from supervisor.core.config import Config, build_config
+from supervisor.core.machine import CrashRecord, Learned
+from supervisor.core.model import Cause, Phase, Remedy
 
 
 def make_cfg(fraction: float = 0.93, hicache: int = 48) -> Config:

@@ -29,7 +29,7 @@ DEADLINE_S = 60.0  # generous: two shared CPU cores
 
 def config_text(port: int, state_dir: Path) -> str:
     """A config that supervises the simulator on ``port`` (the contract the daemon must accept)."""
-    command = json.dumps([sys.executable, "-m", "supervisor.simulator", "--sim-load-s", "0.2"])
+    command = json.dumps([sys.executable, "-m", "supervisor.sim.simulator", "--sim-load-s", "0.2"])
     return f"""
 [server]
 command = {command}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import require_binary
 
-from supervisor.config import ServerConfig
+from supervisor.core.config import ServerConfig
 
 UNIT = Path(__file__).resolve().parent.parent / "systemd" / "sglang-supervisor@.service"
 INSTALLED_BINARY = "/opt/sglang-supervisor/venv/bin/sglang-supervisor"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-CORE = ("model", "machine", "policy", "diagnosis", "startup_facts", "config")
-CORE_FILES = [f"supervisor/{name}.py" for name in CORE]
+CORE = sorted(p.stem for p in (REPO / "supervisor" / "core").glob("*.py") if p.stem != "__init__")
+CORE_FILES = [f"supervisor/core/{name}.py" for name in CORE]
 
 mypy_main = pytest.importorskip("mypy.main", reason="mypy comes with the [test] extra")
 
@@ -43,7 +43,7 @@ def test_the_core_override_turns_on_everything_strict_does() -> None:
     from mypy.options import PER_MODULE_OPTIONS, Options
 
     def options(*args: str) -> Options:
-        _sources, opts = mypy_main.process_options([*args, "supervisor/model.py"])
+        _sources, opts = mypy_main.process_options([*args, "supervisor/core/model.py"])
         return opts
 
     cwd = os.getcwd()
@@ -58,10 +58,10 @@ def test_the_core_override_turns_on_everything_strict_does() -> None:
     wanted = {k: getattr(strict, k) for k in names if getattr(strict, k) != getattr(plain, k)}
     assert wanted, "--strict changed no option: mypy's Options API moved"
     for name in CORE:
-        module = ours.clone_for_module(f"supervisor.{name}")
+        module = ours.clone_for_module(f"supervisor.core.{name}")
         got = {k: getattr(module, k) for k in wanted}
         missing = {k: v for k, v in wanted.items() if got[k] != v}
-        assert not missing, f"supervisor.{name} lacks these --strict flags: {missing}"
+        assert not missing, f"supervisor.core.{name} lacks these --strict flags: {missing}"
     # And nothing strict leaks onto the rest (mypy applies a per-module `strict = true` to all).
     assert not ours.clone_for_module("supervisor.daemon").disallow_untyped_defs
     global_only = {k for k in wanted if k not in PER_MODULE_OPTIONS}

@@ -32,7 +32,7 @@ import pytest
 from conftest import wait_until
 from harness import DaemonRun, ProcessWatch, write_config
 
-from supervisor.events import ALERT_KINDS
+from supervisor.core.events import ALERT_KINDS
 
 TRIALS = int(os.environ.get("CHAOS_TRIALS", "2"))
 RESULTS_ENV = "CHAOS_RESULTS"

@@ -165,7 +165,7 @@ def render(records: list[dict[str, Any]], *, source: str) -> str:
         "",
         f"Machine: {platform.system()} {platform.release()}, {os.cpu_count()} CPUs shared with other",
         f"work, Python {platform.python_version()}. No GPU and no SGLang: the simulator",
-        "(`supervisor/simulator.py`) plays both, with a real mosquitto for the alerts. Times are",
+        "(`supervisor/sim/simulator.py`) plays both, with a real mosquitto for the alerts. Times are",
         "this noisy machine's, with the test config's compressed timings (probe every 0.3 s, 2",
         "failures = a hang, backoff 0.2 s): they show that recovery happens and in what order of",
         "magnitude, not what a 600 GB model takes.",

@@ -31,8 +31,8 @@ import pytest
 from chaoslib import TRIALS, Fault, Subscriber, Trial, after, chaos_trial, fill, full_tmpfs, gap, tally_alerts
 from conftest import free_port, wait_until
 
-from supervisor import simgpu
-from supervisor.loadgen import run_load
+from supervisor.sim import simgpu
+from supervisor.sim.loadgen import run_load
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 

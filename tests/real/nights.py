@@ -78,7 +78,7 @@ def real_config(tmp: Path, real: Any, sections: dict[str, dict[str, Any]] | None
 
 def sim_config(tmp: Path, real: Any, name: str = "sim-night") -> Path:
     """The same night's config with the simulator as ``[server] command`` (nothing else differs)."""
-    return write_config(tmp, [sys.executable, "-m", "supervisor.simulator"], model=real.model, env=dict(real.env),
+    return write_config(tmp, [sys.executable, "-m", "supervisor.sim.simulator"], model=real.model, env=dict(real.env),
                         name=name)
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.diagnosis import RULES
-from supervisor.startup_facts import SOURCE_PATTERNS
+from supervisor.core.diagnosis import RULES
+from supervisor.core.startup_facts import SOURCE_PATTERNS
 
 DEFAULT_SITE_PACKAGES = Path.home() / ".cache" / "sglang-supervisor" / "sglang-0.5.23" / "lib" / "python3.11" / "site-packages"
 TESTED_VERSIONS = ("0.5.23",)

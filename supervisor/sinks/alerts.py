@@ -23,12 +23,10 @@ it is never stored on the alerter, logged, or put in a repr or an exception.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
 import logging
-import math
 import os
 import random
 import socket
@@ -47,10 +45,10 @@ import structlog
 from aiomqtt.exceptions import MqttConnectError
 from structlog.typing import FilteringBoundLogger
 
-from supervisor.config import Config, MqttConfig
-from supervisor.events import ALERT_KINDS
-from supervisor.model import Cause
-from supervisor.policy import exponential_backoff
+from supervisor.core.config import Config, MqttConfig
+from supervisor.core.events import ALERT_KINDS
+from supervisor.core.model import Cause
+from supervisor.core.policy import exponential_backoff
 
 T = TypeVar("T")
 
@@ -71,7 +69,7 @@ SEVERITY: dict[str, str] = {
 TRUNCATION_MARKER = "\n... [truncated {n} chars]"
 
 # paho's own (debug) log lines go here; they carry flags, never the password.
-_PAHO_LOG = logging.getLogger("supervisor.alerts.mqtt")
+_PAHO_LOG = logging.getLogger("supervisor.sinks.alerts.mqtt")
 
 HealthCallback = Callable[[str, object], None]
 """``on_health(kind, value)``: ("alert_sent", alert kind), ("alert_dropped", alert kind),
@@ -513,7 +511,7 @@ class MqttAlerter:
         self._instance = instance
         self.topics = Topics.of(cfg.topic_prefix, host, instance)
         self.client_id = client_id(cfg, host, instance)
-        self._log = logger if logger is not None else structlog.get_logger("supervisor.alerts")
+        self._log = logger if logger is not None else structlog.get_logger("supervisor.sinks.alerts")
         self._on_health = on_health
         self._clock = clock
         self._rng = rng if rng is not None else random.Random()
@@ -751,7 +749,7 @@ async def drill(
     Each step (connect, TLS, CONNACK, PUBACK) waits at most ``timeout_s``. The drill uses
     its own client id and no Will, so it never disturbs a running daemon's connection.
     """
-    log = logger if logger is not None else structlog.get_logger("supervisor.alerts")
+    log = logger if logger is not None else structlog.get_logger("supervisor.sinks.alerts")
     topic = Topics.of(cfg.topic_prefix, host, instance).event(DRILL)
     alert_id = str(uuid.uuid4())
     payload = build_alert(DRILL, {}, host=host, instance=instance, ts=clock(), alert_id=alert_id,
@@ -768,29 +766,3 @@ async def drill(
     except (aiomqtt.MqttError, AlertsError, OSError, ssl.SSLError) as exc:
         return DrillResult(False, _failure(exc, cfg)[1], topic)
     return DrillResult(True, f"broker {cfg.host}:{cfg.port} acknowledged drill {alert_id}", topic)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Options of ``sglang-supervisor drill`` (besides the global ``--config``)."""
-    p.add_argument("--timeout", type=float, default=10.0, metavar="S",
-                   help="seconds to wait for each step (connect, acknowledgement); default 10")
-    p.add_argument("--host-name", default=None, metavar="NAME",
-                   help="host name used in the topic and message (default: this machine's)")
-
-
-def run(args: argparse.Namespace, cfg: Config) -> int:
-    """``sglang-supervisor drill``: print one line; exit 0 if the broker acknowledged, else 1."""
-    if not cfg.mqtt.enabled:
-        print("drill: not sent: [mqtt] enabled = false in the config, so no alert would reach on-call")
-        return 1
-    timeout = getattr(args, "timeout", 10.0)
-    if not (isinstance(timeout, float | int) and timeout > 0 and math.isfinite(timeout)):
-        print(f"drill: not sent: --timeout must be a positive number of seconds, got {timeout!r}")
-        return 1
-    host = getattr(args, "host_name", None) or default_host()
-    result = asyncio.run(drill(cfg.mqtt, host=host, instance=resolve_instance(cfg), timeout_s=float(timeout)))
-    if result.acknowledged:
-        print(f"drill: acknowledged: {result.detail} on {result.topic}")
-        return 0
-    print(f"drill: NOT acknowledged: {result.detail} (topic {result.topic})")
-    return 1

@@ -16,14 +16,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from supervisor.adapters.ports import ControlError
+
 SOCKET_NAME = "control.sock"
 MAX_REQUEST = 4096
 # sockaddr_un.sun_path is 108 bytes with its terminating NUL.
 MAX_PATH = 107
-
-
-class ControlError(Exception):
-    """The control socket cannot be served or reached; ``str()`` is one line."""
 
 
 def socket_path(state_dir: str) -> Path:
@@ -80,6 +78,11 @@ class ControlServer:
             await self._server.wait_closed()
         with contextlib.suppress(OSError):
             self.path.unlink()
+
+
+async def serve(state_dir: str, handler: Handler) -> ControlServer:
+    """The daemon's control socket in ``state_dir`` (the ``ControlStarter`` port)."""
+    return await ControlServer.start(socket_path(state_dir), handler)
 
 
 async def request(path: Path, payload: Mapping[str, Any], timeout_s: float = 10.0) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
-from .diagnosis import read_oom_kill_count
+from supervisor.core.diagnosis import read_oom_kill_count
 
 
 def cgroup_oom_kills(path: str | None = None) -> int | None:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from supervisor.model import RankFacts, StartupFacts
+from supervisor.core.model import RankFacts, StartupFacts
 
 MAIN_RANK = "main"
 

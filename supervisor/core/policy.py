@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .config import PolicyConfig
-from .model import Cause, Remedy
+from supervisor.core.config import PolicyConfig
+from supervisor.core.model import Cause, Remedy
 
 
 def exponential_backoff(

@@ -18,16 +18,16 @@ import dataclasses
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from .config import Config, load_config
+from supervisor.core.config import Config, load_config
 
 if TYPE_CHECKING:  # loadgen (aiohttp) is imported only when the demo runs
-    from .loadgen import LoadResult
+    from supervisor.sim.loadgen import LoadResult
 
-DEMO_CONFIG = Path(__file__).resolve().parent.parent / "etc" / "demo.toml"
+DEMO_CONFIG = Path(__file__).resolve().parents[2] / "etc" / "demo.toml"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -112,21 +112,25 @@ def demo_config(args: argparse.Namespace, workdir: Path) -> Config:
         command = (sys.executable, *command[1:])  # the simulator runs in this interpreter
     env = {"SGLANG_SIM_GPU_DIR": cfg.gpu.sim_dir, **server.env}
     if cfg.gpu.backend == "simulated":
-        from . import simgpu
+        from supervisor.sim import simgpu
 
         simgpu.ensure_gpus(cfg.gpu.sim_dir, 8, 96)  # the seed's cards: 96 GB each
     return dataclasses.replace(cfg, server=dataclasses.replace(server, command=command, env=env))
 
 
-def run(args: argparse.Namespace) -> int:
+DaemonRunner = Callable[..., Awaitable[int]]
+"""The CLI's ``run_daemon_async``: the demo runs the real daemon, built by the CLI's
+composition root (this package never imports the CLI)."""
+
+
+def run(args: argparse.Namespace, run_daemon: DaemonRunner) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="sglang-supervisor-demo-"))
     cfg = demo_config(args, workdir)
-    return asyncio.run(_run(args, cfg, workdir))
+    return asyncio.run(_run(args, cfg, workdir, run_daemon))
 
 
-async def _run(args: argparse.Namespace, cfg: Config, workdir: Path) -> int:
-    from .cli import run_daemon_async
-    from .loadgen import run_load
+async def _run(args: argparse.Namespace, cfg: Config, workdir: Path, run_daemon_async: DaemonRunner) -> int:
+    from supervisor.sim.loadgen import run_load
 
     out = sys.stdout
     timeline = Timeline(out)

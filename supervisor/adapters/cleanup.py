@@ -32,45 +32,17 @@ import hashlib
 import os
 import signal
 import socket
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Any
 
 import psutil
 
+from supervisor.adapters.ports import ProcInfo, StaleReport
+from supervisor.core.ownership import LAUNCH_VAR, MARK_VAR, recorded_server  # noqa: F401  (re-exported for tests and preflight)
+
 SGLANG_TITLES = ("sglang::scheduler", "sglang::detokenizer", "sglang::data_parallel_controller")
-SIMULATOR_MODULE = "supervisor.simulator"
+SIMULATOR_MODULE = "supervisor.sim.simulator"
 # Our mark on every server we launch: the daemon's instance id, and the launch's nonce.
-MARK_VAR = "SGLANG_SUPERVISOR_INSTANCE"
-LAUNCH_VAR = "SGLANG_SUPERVISOR_LAUNCH"
-
-
-@dataclass(frozen=True, slots=True)
-class ProcInfo:
-    """A process found holding our GPUs/port or in our process group."""
-
-    pid: int
-    name: str = ""
-    cmdline: str = ""
-    create_time: float | None = None  # None: not visible in our /proc (another pid namespace)
-    reason: str = ""  # why it is ours, or "gpu" / "unknown pid" for foreign ones
-
-    @property
-    def visible(self) -> bool:
-        return self.create_time is not None
-
-    def to_dict(self) -> dict[str, object]:
-        return {"pid": self.pid, "name": self.name, "cmdline": self.cmdline, "reason": self.reason}
-
-
-@dataclass(frozen=True, slots=True)
-class StaleReport:
-    ours: list[ProcInfo] = field(default_factory=list)
-    foreign: list[ProcInfo] = field(default_factory=list)  # on our GPUs or our port, not ours
-    port_holders: list[ProcInfo] = field(default_factory=list)  # foreign listeners on our port
-
-
 def server_kind(cmdline: Sequence[str], name: str = "") -> str | None:
     """Why this command line is an SGLang server part or our simulator; None if it is not (pure)."""
     text = " ".join(cmdline)
@@ -161,20 +133,6 @@ def instance_id(state_dir: str) -> str:
     daemons (and users) on one host."""
     real = Path(state_dir).expanduser().resolve()
     return hashlib.sha256(f"{socket.gethostname()}:{real}".encode()).hexdigest()[:20]
-
-
-def recorded_server(state: Mapping[str, Any]) -> dict[str, Any]:
-    """What a state file records of the last server launched, as ``find_stale``'s keyword
-    arguments: its process group, launch time and tree (pure; malformed values are dropped)."""
-    pgid, since, tree = state.get("server_pgid"), state.get("server_since"), state.get("server_tree")
-    return {
-        "recorded_pgid": pgid if isinstance(pgid, int) and not isinstance(pgid, bool) else None,
-        "recorded_since": float(since) if isinstance(since, int | float) else None,
-        "recorded_tree": [
-            (int(t[0]), float(t[1])) for t in (tree if isinstance(tree, list) else [])
-            if isinstance(t, list) and len(t) == 2 and all(isinstance(x, int | float) for x in t)
-        ],
-    }
 
 
 def carries_mark(environ: dict[str, str], instance: str | None) -> bool:

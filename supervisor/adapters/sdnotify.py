@@ -18,13 +18,12 @@ of a run of failures is logged, later ones are not until a send succeeds again.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 
 log = logging.getLogger(__name__)
 
@@ -159,25 +158,3 @@ class Notifier:
 
     def _printable_address(self) -> str:
         return (self._address or "").replace("\0", "@", 1)
-
-
-async def watchdog_loop(
-    notifier: Notifier,
-    interval_s: float,
-    alive: Callable[[], bool] | None = None,
-    *,
-    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
-) -> None:
-    """Send ``WATCHDOG=1`` every ``interval_s`` from the event loop until cancelled.
-
-    The pings come from the loop itself, so a blocked loop stops them. ``alive`` (optional)
-    is asked before each ping: returning False withholds it, letting systemd restart a
-    daemon whose loop turns but whose supervision is stuck. ``sleep`` waits between pings
-    (``asyncio.sleep``; tests pass a simulated clock's to check the pace exactly).
-    """
-    if interval_s <= 0:
-        raise ValueError(f"watchdog interval must be > 0, got {interval_s!r}")
-    while True:
-        if alive is None or alive():
-            notifier.watchdog()
-        await sleep(interval_s)

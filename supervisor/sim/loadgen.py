@@ -1,7 +1,7 @@
 """The demo's load generator: a burst of concurrent prefill that rides out server restarts.
 
 ``run_load`` fires every request at once at an SGLang-compatible ``/generate`` endpoint
-(the real server or ``supervisor.simulator``) and retries each one across restarts
+(the real server or ``supervisor.sim.simulator``) and retries each one across restarts
 (connection refused or reset, 5xx, timeouts) until it succeeds or the deadline passes.
 
 The default mix (150 short prompts of 64 words, 32 long ones of 4000 words) is sized for
@@ -10,7 +10,7 @@ more than the 0.82 GB left at ``--mem-fraction-static 0.93``, while a full 8192-
 chunk (~2 GB) fits easily in the ~5.6 GB left at 0.88. So the same load kills the server
 at 0.93 and completes at 0.88.
 
-Run it by hand: ``python -m supervisor.loadgen http://127.0.0.1:30000``.
+Run it by hand: ``python -m supervisor.sim.loadgen http://127.0.0.1:30000``.
 """
 
 from __future__ import annotations
@@ -103,8 +103,8 @@ async def run_load(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m supervisor.loadgen URL [...]``: run the load, print the result as JSON."""
-    p = argparse.ArgumentParser(prog="python -m supervisor.loadgen", description=__doc__.splitlines()[0])
+    """``python -m supervisor.sim.loadgen URL [...]``: run the load, print the result as JSON."""
+    p = argparse.ArgumentParser(prog="python -m supervisor.sim.loadgen", description=__doc__.splitlines()[0])
     p.add_argument("base_url")
     p.add_argument("--short", type=int, default=150)
     p.add_argument("--long", type=int, default=32)

@@ -15,7 +15,7 @@ from typing import IO, Any, TextIO, cast
 import structlog
 from structlog.typing import EventDict, FilteringBoundLogger, Processor, WrappedLogger
 
-from .events import QUIET_EVENTS
+from supervisor.core.events import QUIET_EVENTS
 
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 EVENT_LEVELS = {

@@ -22,7 +22,6 @@ import asyncio
 import collections
 import contextlib
 import fcntl
-import fnmatch
 import io
 import os
 import signal
@@ -32,7 +31,8 @@ from pathlib import Path
 
 import psutil
 
-from .model import ExitStatus
+from supervisor.adapters.ports import ProcessError, ServerLog
+from supervisor.core.model import ExitStatus
 
 F_SETPIPE_SZ = 1031  # linux/fcntl.h
 PIPE_SIZE = 1 << 20
@@ -43,10 +43,6 @@ SLOW_RATE = 1 << 20  # bytes/s: below this a server is trickling (2,000 lines/s 
 # for this long, so even a burst that starts right after a quiet spell does not stall the
 # child; a longer pause would save a little CPU at the price of that guarantee.
 BATCH_S = 0.1
-
-
-class ProcessError(Exception):
-    """The server could not be started."""
 
 
 class RotatingLog:
@@ -178,7 +174,7 @@ class ServerProcess:
     empty pipe, or the server's exit switch back to watching.
     """
 
-    def __init__(self, proc: asyncio.subprocess.Process, fd: int, log: RotatingLog, tail: Tail) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, fd: int, log: ServerLog, tail: Tail) -> None:
         self._proc = proc
         self.pid = proc.pid
         self.pgid = proc.pid  # start_new_session=True: the leader of its own group
@@ -207,7 +203,7 @@ class ServerProcess:
         *,
         env: Mapping[str, str],
         cwd: str | None,
-        log: RotatingLog,
+        log: ServerLog,
         tail_bytes: int,
     ) -> ServerProcess:
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
@@ -451,23 +447,6 @@ class ServerProcess:
         await self.drain_output(0.5)
         self._finish()
         self.log.close()
-
-
-def server_env(
-    pass_env: Sequence[str], extra: Mapping[str, str], environ: Mapping[str, str],
-    mark: Mapping[str, str] | None = None,
-) -> dict[str, str]:
-    """Only the variables the config names: ``pass_env`` (names or shell patterns such as
-    ``NCCL_*``) from our environment, plus ``env``, plus ``mark`` (our ownership mark), which
-    nothing overrides."""
-    patterns = [p for p in pass_env if any(c in p for c in "*?[")]
-    env = {k: environ[k] for k in pass_env if k in environ}
-    for name, value in environ.items():
-        if name not in env and any(fnmatch.fnmatchcase(name, p) for p in patterns):
-            env[name] = value
-    env.update(extra)
-    env.update(mark or {})
-    return env
 
 
 def _wait_gone(pids: Sequence[int], timeout_s: float) -> None:

@@ -5,7 +5,8 @@ Three backends, chosen by ``[gpu] backend``:
 - ``nvml``: the NVIDIA driver through ``nvidia-ml-py`` (imported as ``pynvml``). Every
   NVML call runs in a worker thread, bounded by ``call_timeout_s``; ``nvmlInit`` is lazy
   and retried after a failure, so a host whose driver comes up late recovers by itself.
-- ``simulated``: the simulator's per-rank memory files (``supervisor.simgpu``).
+- ``simulated``: the simulator's per-rank memory files (``supervisor.sim.simgpu.SimulatedProbe``),
+  passed in by the CLI's registry: this module never imports the simulator.
 - ``none``: no GPU knowledge at all (``sample`` returns ``[]``).
 
 Every failure surfaces as one ``GpuProbeError`` with a one-line ``str``: ``lost`` marks a
@@ -27,90 +28,15 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
-from supervisor import simgpu
-from supervisor.config import GpuConfig
+from supervisor.adapters.ports import GpuInfo, GpuProbe, GpuProbeError, GpuProcess, NoneProbe
+from supervisor.core.config import GpuConfig
 
-GIB = 1024**3
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class GpuProcess:
-    """A compute process on a GPU. ``used_bytes`` is None when the driver does not say."""
-
-    pid: int
-    used_bytes: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class GpuInfo:
-    """One GPU's memory as the probe saw it."""
-
-    index: int
-    uuid: str
-    name: str
-    total_bytes: int
-    free_bytes: int
-    used_bytes: int
-    processes: tuple[GpuProcess, ...] = ()
-
-    @property
-    def free_share(self) -> float:
-        return self.free_bytes / self.total_bytes if self.total_bytes > 0 else 0.0
-
-    def describe(self) -> str:
-        """``GPU 0 (GPU-5151...): 12.0 of 141.0 GiB free (9%); held by pid 4242 (100.0 GiB)``."""
-        held = ", ".join(
-            f"pid {p.pid} ({_gib(p.used_bytes)})" if p.used_bytes is not None else f"pid {p.pid}"
-            for p in self.processes
-        )
-        return (
-            f"GPU {self.index} ({self.uuid}): {self.free_bytes / GIB:.1f} of "
-            f"{self.total_bytes / GIB:.1f} GiB free ({self.free_share:.0%})"
-            + (f"; held by {held}" if held else "")
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "uuid": self.uuid,
-            "name": self.name,
-            "total_bytes": self.total_bytes,
-            "free_bytes": self.free_bytes,
-            "used_bytes": self.used_bytes,
-            "processes": [{"pid": p.pid, "used_bytes": p.used_bytes} for p in self.processes],
-        }
-
-
-def _gib(n: int) -> str:
-    return f"{n / GIB:.1f} GiB"
-
-
-class GpuProbeError(Exception):
-    """The probe could not read the GPUs. ``str()`` is one line for the log.
-
-    ``lost``: a GPU has fallen off the bus or needs a reset (cause ``gpu_hw_error``).
-    ``unavailable``: the backend cannot work on this host (no library/driver/package);
-    waiting will not help, so callers run degraded rather than wait for it.
-    """
-
-    def __init__(self, message: str, *, lost: bool = False, unavailable: bool = False) -> None:
-        super().__init__(message)
-        self.lost = lost
-        self.unavailable = unavailable
-
-
-class GpuProbe(Protocol):
-    """What the daemon needs from a GPU backend."""
-
-    async def sample(self) -> list[GpuInfo]: ...
-
-    async def aclose(self) -> None: ...
-
-
-class _Worker:
+class BoundedWorker:
     """Runs one blocking call at a time in a daemon thread, bounded by a timeout.
 
     Not ``asyncio.to_thread``: the default executor's threads are joined at interpreter
@@ -171,57 +97,6 @@ def _consume_exception(fut: asyncio.Future[Any]) -> None:
 
 
 # --------------------------------------------------------------------------- backends
-
-
-class NoneProbe:
-    """``backend = "none"``: no GPU knowledge."""
-
-    async def sample(self) -> list[GpuInfo]:
-        return []
-
-    async def aclose(self) -> None:
-        return None
-
-
-class SimulatedProbe:
-    """``backend = "simulated"``: reads the simulator's GPU directory (``supervisor.simgpu``)."""
-
-    def __init__(
-        self, sim_dir: str | os.PathLike[str], indices: Sequence[int] = (), call_timeout_s: float = 5.0
-    ) -> None:
-        self._dir = os.fspath(sim_dir)
-        self._indices = tuple(indices)
-        self._worker = _Worker("simulated GPU", call_timeout_s)
-
-    async def sample(self) -> list[GpuInfo]:
-        return await self._worker.call(self._read)
-
-    def _read(self) -> list[GpuInfo]:
-        try:
-            gpus = simgpu.read_gpus(self._dir)
-        except FileNotFoundError:
-            raise GpuProbeError(
-                f"simulated GPU: {self._dir} has no {simgpu.GPUS_FILE}", unavailable=True
-            ) from None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise GpuProbeError(f"simulated GPU: cannot read {self._dir}: {exc}") from None
-        wanted = set(self._indices)
-        return [
-            GpuInfo(
-                index=g.index,
-                uuid=g.uuid,
-                name=g.name,
-                total_bytes=g.total_bytes,
-                free_bytes=g.free_bytes,
-                used_bytes=g.used_bytes,
-                processes=tuple(GpuProcess(pid, used) for pid, used in g.processes),
-            )
-            for g in gpus
-            if not wanted or g.index in wanted
-        ]
-
-    async def aclose(self) -> None:
-        return None
 
 
 # NVML error class name -> hint for the one log line. Class names as pynvml generates them.
@@ -292,7 +167,7 @@ class NvmlProbe:
         self._indices = tuple(indices)
         env = os.environ if environ is None else environ
         self._visible = None if self._indices else parse_visible_devices(env.get("CUDA_VISIBLE_DEVICES"))
-        self._worker = _Worker("nvml", call_timeout_s)
+        self._worker = BoundedWorker("nvml", call_timeout_s)
         self._nvml: Any = None  # the pynvml module once nvmlInit succeeded
 
     async def sample(self) -> list[GpuInfo]:
@@ -404,99 +279,24 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def make_probe(cfg: GpuConfig) -> GpuProbe:
-    """The backend ``[gpu] backend`` names."""
+ProbeFactory = Callable[[GpuConfig], GpuProbe]
+
+
+def make_probe(cfg: GpuConfig, backends: Mapping[str, ProbeFactory] | None = None) -> GpuProbe:
+    """The backend ``[gpu] backend`` names: ``nvml`` and ``none`` are here; others (the
+    simulator's ``simulated``) come from ``backends``, which the CLI's registry passes
+    (``supervisor.cli.registry``): this module never imports the simulator."""
     if cfg.backend == "nvml":
         return NvmlProbe(cfg.indices, cfg.call_timeout_s)
-    if cfg.backend == "simulated":
-        return SimulatedProbe(cfg.sim_dir, cfg.indices, cfg.call_timeout_s)
-    return NoneProbe()
+    if cfg.backend == "none":
+        return NoneProbe()
+    factory = (backends or {}).get(cfg.backend)
+    if factory is None:
+        raise GpuProbeError(f"[gpu] backend {cfg.backend!r} is not available in this install", unavailable=True)
+    return factory(cfg)
 
 
 # --------------------------------------------------------------------------- release
-
-
-def gpus_released(gpus: Sequence[GpuInfo], min_free_share: float) -> bool:
-    """True when every GPU has at least ``min_free_share`` of its memory free (pure)."""
-    return all(g.free_bytes >= min_free_share * g.total_bytes for g in gpus)
-
-
-@dataclass(frozen=True, slots=True)
-class ReleaseResult:
-    """How a wait for GPU memory ended. ``error`` is set when the probe itself failed."""
-
-    ok: bool
-    waited_s: float
-    gpus: list[GpuInfo] = field(default_factory=list)
-    error: GpuProbeError | None = None
-
-    def describe(self, min_free_share: float) -> str:
-        """One line for the log/alert: the per-GPU numbers of the cards still held."""
-        if self.error is not None:
-            return f"GPU probe failed: {self.error}"
-        held = [g for g in self.gpus if g.free_bytes < min_free_share * g.total_bytes]
-        if not held:
-            return "all GPUs free"
-        return (
-            f"GPU memory not released after {self.waited_s:.0f} s (needs {min_free_share:.0%} free; "
-            "needs a GPU reset): " + "; ".join(g.describe() for g in held)
-        )
-
-    def stuck_fields(self, timeout_s: float) -> dict[str, Any]:
-        """Fields of the ``gpu_memory_stuck`` event."""
-        return {
-            "gpus": [
-                {"index": g.index, "uuid": g.uuid, "free_bytes": g.free_bytes, "total_bytes": g.total_bytes}
-                for g in self.gpus
-            ],
-            "timeout_s": timeout_s,
-        }
-
-
-ERRORS_BEFORE_DEGRADED = 3
-
-
-async def wait_until_released(
-    probe: GpuProbe,
-    *,
-    min_free_share: float,
-    timeout_s: float,
-    poll_s: float = 1.0,
-    clock: Callable[[], float] | None = None,
-    sleep: Callable[[float], Any] = asyncio.sleep,
-) -> ReleaseResult:
-    """Poll ``probe`` until every GPU is free enough or ``timeout_s`` passes.
-
-    ``ok=False`` with ``error=None`` means memory stayed held (cause ``gpu_memory_stuck``,
-    numbers in ``gpus``). A probe error that cannot pass by waiting (``lost`` or
-    ``unavailable``) returns at once with ``error`` set; a transient one is retried, and
-    after ``ERRORS_BEFORE_DEGRADED`` in a row it returns too (the caller runs degraded
-    rather than hold a relaunch for the whole timeout). With no GPUs to watch (backend
-    ``none``) it is ``ok`` at once.
-    """
-    now = clock or asyncio.get_running_loop().time
-    start = now()
-    last: list[GpuInfo] = []
-    errors_in_a_row = 0
-    while True:
-        error: GpuProbeError | None = None
-        try:
-            last = await probe.sample()
-            errors_in_a_row = 0
-        except GpuProbeError as exc:
-            error = exc
-            errors_in_a_row += 1
-            if exc.lost or exc.unavailable or errors_in_a_row >= ERRORS_BEFORE_DEGRADED:
-                return ReleaseResult(False, now() - start, last, exc)
-        if error is None and gpus_released(last, min_free_share):
-            return ReleaseResult(True, now() - start, last)
-        remaining = start + timeout_s - now()
-        if remaining <= 0:
-            return ReleaseResult(False, now() - start, last, error)
-        await sleep(min(poll_s, remaining))
-
-
-# --------------------------------------------------------------------------- monitor
 
 
 @dataclass

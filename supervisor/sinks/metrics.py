@@ -1,6 +1,6 @@
 """Prometheus metrics: an ``EventSink`` that turns the daemon's events into metrics.
 
-Every metric is derived from the events of ``supervisor.events`` (the field names there are
+Every metric is derived from the events of ``supervisor.core.events`` (the field names there are
 the contract), except two config values given at construction (the ladder's floor, the
 headroom minimum) that the alert rules compare against. Metrics live in an injected
 ``CollectorRegistry`` (never the global one), named ``sglang_supervisor_*`` in base units.
@@ -33,8 +33,8 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
 from supervisor import __version__
-from supervisor.events import ALERT_KINDS
-from supervisor.model import Cause, State
+from supervisor.core.events import ALERT_KINDS
+from supervisor.core.model import Cause, State
 
 PREFIX = "sglang_supervisor"
 GIB = 1024**3  # SGLang prints GPU memory ("avail mem=0.82 GB") in GiB (x / (1 << 30))
@@ -63,7 +63,7 @@ COUNTED_EVENTS = (
     "daemon_failed",
 )
 PROBE_FAILURE_REASONS = ("http_status", "no_response")  # an answer that is not 200 / none
-MQTT_FAILURE_REASONS = ("auth", "config", "tls", "timeout", "error")  # supervisor.alerts._failure
+MQTT_FAILURE_REASONS = ("auth", "config", "tls", "timeout", "error")  # supervisor.sinks.alerts._failure
 # The MQTT adapter's on_health(kind, value) callback, as events: kind -> the value's field.
 ALERTING_HEALTH_FIELDS = {
     "alert_sent": "kind",
@@ -355,7 +355,7 @@ class Metrics:
         self.gpu_memory_stuck.set(1)
 
     def _on_gpu_sample(self, fields: Fields) -> None:
-        # gpus is a list of {index, uuid, total_bytes, free_bytes} (supervisor.events); a
+        # gpus is a list of {index, uuid, total_bytes, free_bytes} (supervisor.core.events); a
         # malformed one raises here and emit logs it; the cast checks nothing.
         gpus = cast("Iterable[Mapping[str, object]]", fields.get("gpus") or ())
         for gpu in gpus:

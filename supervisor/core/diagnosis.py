@@ -54,8 +54,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from itertools import accumulate
 
-from supervisor.model import Cause, Diagnosis, ExitStatus, Phase, Remedy
-from supervisor.startup_facts import line_rank
+from supervisor.core.model import Cause, Diagnosis, ExitStatus, Phase, Remedy
+from supervisor.core.startup_facts import line_rank
 
 MAX_TAIL_BYTES = 4 * 1024 * 1024  # how much of the end of the output is read
 MAX_LINE_CHARS = 4096  # longer lines are read up to this many characters
@@ -63,7 +63,7 @@ MAX_LINES = 200_000  # lines read, the last ones of the tail
 MAX_CANDIDATES = 2000  # candidate lines examined, the last ones of the tail
 MAX_EVIDENCE_CHARS = 500  # each evidence line is cut to this length
 KEPT_SERVING_BATCHES = 200  # batch lines after an error that prove the server outlived it
-INTERNAL_ERROR_TYPE = "supervisor.diagnosis.InternalError"  # exc_type when diagnosis itself failed
+INTERNAL_ERROR_TYPE = "supervisor.core.diagnosis.InternalError"  # exc_type when diagnosis itself failed
 
 _BACK_WINDOW = 150  # lines scanned up from the evidence for its traceback
 _AFTER_WINDOW = 40  # lines scanned down from it for the rest of the failure report

@@ -10,19 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 
 import aiohttp
 
+from supervisor.adapters.ports import ProbeOutcome
+
 MAX_BODY = 64 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeOutcome:
-    ok: bool
-    status: int | None
-    duration_s: float
-    detail: str
 
 
 class HealthProber:

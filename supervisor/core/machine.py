@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from . import policy
-from .config import Config
-from .model import Cause, Diagnosis, ExitStatus, Phase, Remedy, StartupFacts, State
+from supervisor.core import policy
+from supervisor.core.config import Config
+from supervisor.core.model import Cause, Diagnosis, ExitStatus, Phase, Remedy, StartupFacts, State
 
 HISTORY_LIMIT = 200
 

@@ -23,9 +23,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from supervisor.diagnosis import MAX_TAIL_BYTES, describe_action, diagnose
-from supervisor.model import Diagnosis, ExitStatus, Phase, StartupFacts
-from supervisor.startup_facts import StartupFactsParser
+from supervisor.core.diagnosis import MAX_TAIL_BYTES, describe_action, diagnose
+from supervisor.core.model import Diagnosis, ExitStatus, Phase, StartupFacts
+from supervisor.core.startup_facts import StartupFactsParser
 
 _CHUNK = 1024 * 1024
 

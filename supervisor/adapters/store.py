@@ -19,12 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from supervisor.adapters.ports import StoreError
+
 STATE_FILE = "state.json"
 LOCK_FILE = "daemon.lock"
-
-
-class StoreError(Exception):
-    """The state directory could not be read or written."""
 
 
 class StateStore:

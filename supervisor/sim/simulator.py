@@ -1,6 +1,6 @@
 """A stand-in SGLang server and GPU: real processes, real HTTP, SGLang's log lines and deaths.
 
-Run as ``python -m supervisor.simulator [SGLang flags] [--sim-* flags]``. It accepts
+Run as ``python -m supervisor.sim.simulator [SGLang flags] [--sim-* flags]``. It accepts
 SGLang's launch flags, forks one ``sglang::scheduler_TP{n}`` child per rank and one
 ``sglang::detokenizer``, prints SGLang-format startup lines with numbers from a per-rank
 memory model (total, weights, static pool = fraction x total, CUDA graphs, headroom), then
@@ -15,7 +15,7 @@ traceback, SIGQUIT to the main process, which logs the SIGQUIT line, SIGKILLs it
 itself (exit status -9). ``--sim-fail MODE`` injects the other failures (see ``MODES``).
 
 With ``--sim-gpu-dir`` (or ``SGLANG_SIM_GPU_DIR``) each scheduler records the memory it
-holds in the simulated-GPU directory (``supervisor.simgpu``) and checks the card's free
+holds in the simulated-GPU directory (``supervisor.sim.simgpu``) and checks the card's free
 memory before loading, so a GPU still held by an orphan fails the launch like the real
 thing. Timings are compressed: a load takes about ``--sim-load-s`` x 1.3 seconds.
 
@@ -54,7 +54,7 @@ import psutil
 from aiohttp import ClientSession, ClientTimeout, web
 from setproctitle import setproctitle
 
-from supervisor import simgpu
+from supervisor.sim import simgpu
 
 GIB = simgpu.GIB
 MIB = 1024**2

@@ -1,0 +1,364 @@
+"""The daemon's ports: the small interfaces through which the I/O shell reaches the world,
+and the values and errors that cross them.
+
+``Daemon`` sees only these ``Protocol``s. The CLI (the composition root,
+``supervisor.cli.run``) passes the real adapters: modules and classes that satisfy them
+structurally (``cleanup``, ``preflight``, ``ServerProcess``, ``RotatingLog``,
+``HealthProber``, ``gpu.GpuMonitor``, ``control.ControlServer.start``,
+``cgroup.cgroup_oom_kills``). Tests pass fakes of their own
+(``tests/test_daemon_component.py``), so the shell's paths can be driven without a
+subprocess, a socket or a GPU.
+
+Every adapter imports its value types and errors from here (``GpuInfo``, ``StaleReport``,
+``ProbeOutcome``, ``Check``, ``ProcessError``, ``StoreError``...), never from another
+adapter: adapters are independent of each other (the import-linter contracts in
+``pyproject.toml``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import signal
+
+    from supervisor.core.config import Config
+    from supervisor.core.events import EventSink
+    from supervisor.core.model import ExitStatus
+
+__all__ = [
+    "Check", "Cleanup", "ControlHandle", "ControlStarter", "GpuInfo", "GpuMonitorFactory", "GpuProbe",
+    "GpuProbeError", "GpuProcess", "LogOpener", "Monitor", "NoneProbe", "NullNotifier", "OomKillReader",
+    "Ports", "Preflight", "ProbeOutcome", "Prober", "ProberFactory", "ProcInfo", "ProcessError",
+    "ControlError", "ServerHandle", "ServerLog", "ServerSpawner", "StaleReport", "Store", "StoreError",
+]
+
+
+# --- what crosses the ports: values and errors ------------------------------------------
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A compute process on a GPU. ``used_bytes`` is None when the driver does not say."""
+
+    pid: int
+    used_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """One GPU's memory as the probe saw it."""
+
+    index: int
+    uuid: str
+    name: str
+    total_bytes: int
+    free_bytes: int
+    used_bytes: int
+    processes: tuple[GpuProcess, ...] = ()
+
+    @property
+    def free_share(self) -> float:
+        return self.free_bytes / self.total_bytes if self.total_bytes > 0 else 0.0
+
+    def describe(self) -> str:
+        """``GPU 0 (GPU-5151...): 12.0 of 141.0 GiB free (9%); held by pid 4242 (100.0 GiB)``."""
+        held = ", ".join(
+            f"pid {p.pid} ({_gib(p.used_bytes)})" if p.used_bytes is not None else f"pid {p.pid}"
+            for p in self.processes
+        )
+        return (
+            f"GPU {self.index} ({self.uuid}): {self.free_bytes / GIB:.1f} of "
+            f"{self.total_bytes / GIB:.1f} GiB free ({self.free_share:.0%})"
+            + (f"; held by {held}" if held else "")
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "uuid": self.uuid,
+            "name": self.name,
+            "total_bytes": self.total_bytes,
+            "free_bytes": self.free_bytes,
+            "used_bytes": self.used_bytes,
+            "processes": [{"pid": p.pid, "used_bytes": p.used_bytes} for p in self.processes],
+        }
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+class GpuProbeError(Exception):
+    """The probe could not read the GPUs. ``str()`` is one line for the log.
+
+    ``lost``: a GPU has fallen off the bus or needs a reset (cause ``gpu_hw_error``).
+    ``unavailable``: the backend cannot work on this host (no library/driver/package);
+    waiting will not help, so callers run degraded rather than wait for it.
+    """
+
+    def __init__(self, message: str, *, lost: bool = False, unavailable: bool = False) -> None:
+        super().__init__(message)
+        self.lost = lost
+        self.unavailable = unavailable
+
+
+class GpuProbe(Protocol):
+    """What the daemon needs from a GPU backend."""
+
+    async def sample(self) -> list[GpuInfo]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class NoneProbe:
+    """``backend = "none"``: no GPU knowledge."""
+
+    async def sample(self) -> list[GpuInfo]:
+        return []
+
+    async def aclose(self) -> None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcInfo:
+    """A process found holding our GPUs/port or in our process group."""
+
+    pid: int
+    name: str = ""
+    cmdline: str = ""
+    create_time: float | None = None  # None: not visible in our /proc (another pid namespace)
+    reason: str = ""  # why it is ours, or "gpu" / "unknown pid" for foreign ones
+
+    @property
+    def visible(self) -> bool:
+        return self.create_time is not None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"pid": self.pid, "name": self.name, "cmdline": self.cmdline, "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
+class StaleReport:
+    ours: list[ProcInfo] = field(default_factory=list)
+    foreign: list[ProcInfo] = field(default_factory=list)  # on our GPUs or our port, not ours
+    port_holders: list[ProcInfo] = field(default_factory=list)  # foreign listeners on our port
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeOutcome:
+    ok: bool
+    status: int | None
+    duration_s: float
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One preflight check: its verdict, a one-line detail, and whether waiting can change it."""
+
+    name: str
+    ok: bool
+    detail: str
+    permanent: bool = False
+
+
+class StoreError(Exception):
+    """The state directory could not be read or written."""
+
+
+class ProcessError(Exception):
+    """The server could not be started."""
+
+
+class ControlError(Exception):
+    """The control socket cannot be served or reached; ``str()`` is one line."""
+
+
+class ServerLog(Protocol):
+    """The server's own log file (``process.RotatingLog``): written by the spawner's reader."""
+
+    def write(self, data: bytes) -> None: ...
+    def close(self) -> None: ...
+
+
+class LogOpener(Protocol):
+    """Opens the server log (the ``process.RotatingLog`` class): write errors go to
+    ``on_error`` once per episode, never up."""
+
+    def __call__(
+        self, path: str | Path, max_bytes: int, backups: int, *, on_error: Callable[[str], None] | None = ...,
+    ) -> ServerLog: ...
+
+
+# --- the ports ---------------------------------------------------------------------------
+
+
+class Store(Protocol):
+    """The state directory: its lock and the learned state (``store.StateStore``); raises
+    ``store.StoreError``."""
+
+    path: Path
+
+    def acquire(self) -> None: ...
+    def release(self) -> None: ...
+    def load(self) -> tuple[dict[str, Any] | None, str | None]: ...
+    def save(self, data: dict[str, Any]) -> None: ...
+
+
+class Cleanup(Protocol):
+    """Finding and killing what an earlier server of ours left (the ``cleanup`` module)."""
+
+    def instance_id(self, state_dir: str) -> str:
+        """This daemon's ownership mark, derived from its state directory and host."""
+        ...
+
+    def find_stale(
+        self,
+        *,
+        recorded_pgid: int | None,
+        gpu_pids: Collection[int],
+        own_pid: int,
+        port: int | None = ...,
+        recorded_since: float | None = ...,
+        instance: str | None = ...,
+        recorded_tree: Collection[tuple[int, float]] = ...,
+    ) -> StaleReport:
+        """Blocking: the daemon calls it in a worker thread."""
+        ...
+
+    async def kill_stale(self, report: StaleReport, *, grace_s: float, kill_foreign: bool = ...) -> list[int]: ...
+
+    def listeners(self, port: int) -> set[int]:
+        """Pids listening on ``port`` (blocking)."""
+        ...
+
+
+class Preflight(Protocol):
+    """The checks before a launch (the ``preflight`` module)."""
+
+    async def run_preflight(self, cfg: Config, probe: GpuProbe, *, degraded_ok: bool = ...) -> list[Check]: ...
+
+
+class Tail(Protocol):
+    def get(self) -> bytes: ...
+
+
+class ServerHandle(Protocol):
+    """One launched server, as the daemon drives it (``process.ServerProcess``)."""
+
+    on_line: Callable[[str], None] | None  # each output line while set (startup)
+    on_part_died: Callable[[int, str], None] | None  # (pid, title) of an SGLang part that died
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def pgid(self) -> int: ...
+    @property
+    def tail(self) -> Tail: ...  # the last output, for the diagnosis
+    @property
+    def last_output_at(self) -> float: ...  # loop time of the last output
+    @property
+    def returncode(self) -> int | None: ...
+    async def wait(self) -> ExitStatus: ...
+    def kill_leftovers(self) -> list[int]: ...
+    async def drain_output(self, timeout_s: float) -> None: ...
+    def scan_descendants(self) -> list[tuple[int, str]]: ...
+    def watch_parts(self, parts: Sequence[tuple[int, str]]) -> None: ...
+    def tree_pids(self) -> list[int]: ...
+    def tree(self) -> list[tuple[int, float]]: ...
+    async def stop(self, grace_s: float, first: signal.Signals | None = ...) -> ExitStatus: ...
+    async def close(self) -> None: ...
+
+
+class ServerSpawner(Protocol):
+    """Starts a server (the ``ServerProcess`` class); raises ``process.ProcessError``."""
+
+    async def spawn(
+        self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None, log: ServerLog, tail_bytes: int,
+    ) -> ServerHandle: ...
+
+
+class Prober(Protocol):
+    async def probe(self) -> ProbeOutcome: ...
+    async def aclose(self) -> None: ...
+
+
+ProberFactory = Callable[[str, float], Prober]
+"""(url, timeout_s) -> a prober (the ``HealthProber`` class)."""
+
+
+class Monitor(Protocol):
+    async def run(self) -> None: ...
+
+
+class GpuMonitorFactory(Protocol):
+    """Builds the GPU monitor (the ``gpu.GpuMonitor`` class)."""
+
+    def __call__(
+        self,
+        probe: GpuProbe,
+        *,
+        interval_s: float,
+        low_free_bytes: int,
+        emit: Callable[[str, Mapping[str, Any]], None],
+        on_lost: Callable[[GpuProbeError], None] | None = ...,
+    ) -> Monitor: ...
+
+
+class ControlHandle(Protocol):
+    async def close(self) -> None: ...
+
+
+ControlStarter = Callable[[str, Callable[[Mapping[str, Any]], dict[str, Any]]], Awaitable[ControlHandle]]
+"""(state dir, handler) -> a listening control socket in that directory (``control.serve``);
+raises ``ControlError``."""
+
+OomKillReader = Callable[[str | None], int | None]
+"""The cgroup's ``oom_kill`` count, from the file given or our own cgroup's (blocking;
+``cgroup.cgroup_oom_kills``)."""
+
+
+class NullNotifier:
+    """systemd's notify protocol when nobody listens: every call does nothing."""
+
+    def ready(self) -> None: ...
+    def status(self, text: str) -> None: ...
+    def stopping(self) -> None: ...
+    def reloading(self) -> None: ...
+    def watchdog(self) -> None: ...
+    def watchdog_interval(self) -> float | None:
+        return None
+
+
+@dataclass
+class Ports:
+    """The adapters the daemon drives; the CLI builds the real ones, tests their fakes."""
+
+    store: Store
+    sinks: list[EventSink]
+    logger: Any
+    cleanup: Cleanup
+    preflight: Preflight
+    spawner: ServerSpawner
+    prober: ProberFactory
+    gpu_monitor: GpuMonitorFactory
+    open_log: LogOpener
+    start_control: ControlStarter
+    oom_kills: OomKillReader
+    gpu_probe: GpuProbe = field(default_factory=NoneProbe)
+    notifier: Any = field(default_factory=NullNotifier)  # sdnotify.Notifier in production
+    rng: random.Random = field(default_factory=random.Random)
+    reload: Callable[[], Config] | None = None  # SIGHUP: re-read the config
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    host: str = field(default_factory=socket.gethostname)
+    install_signals: bool = True

@@ -1,0 +1,196 @@
+"""sglang-supervisor's command line: one module per command, and the parser that routes to them.
+
+    sglang-supervisor run --config F [--set S.K=V ...] [--dry-run]     (cli/run.py)
+    sglang-supervisor check-config --config F
+    sglang-supervisor status --config F [--json]                       (cli/status.py)
+    sglang-supervisor restart --config F [--no-wait] [--timeout S]     (cli/restart.py)
+    sglang-supervisor explain LOGFILE|- [--json]                       (cli/explain.py)
+    sglang-supervisor preflight --config F [--json]                    (cli/preflight.py)
+    sglang-supervisor drill --config F                                 (cli/drill.py)
+    sglang-supervisor demo [--scenario oom|preempt] [--hold S] [...]   (cli/demo.py)
+
+Bad input gets one line on stderr (what, where, why) and exit code 2, never a traceback.
+The CLI is the only layer that may reach the simulator, and only through ``cli/registry.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import textwrap
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from supervisor import __version__
+from supervisor.cli.common import EXIT_USAGE, fail
+from supervisor.core.config import ConfigError, load_config
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, exit 2 (argparse's own convention)
+        self.exit(EXIT_USAGE, f"{self.prog}: {message}\n")
+
+
+def _add_config(p: argparse.ArgumentParser, *, overrides: bool = True) -> None:
+    p.add_argument("--config", "-c", required=True, help="the TOML config file")
+    if overrides:
+        p.add_argument(
+            "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+            help="override a config key; the value is read as TOML (a bare word is a string)",
+        )
+
+
+DESCRIPTION = """\
+Keep an SGLang server running unattended on a GPU host. sglang-supervisor launches the
+server, watches its /health and the free memory of every GPU, and when the server dies it
+reads the traceback, names the cause and relaunches it with the remedy that points the
+right way: a CUDA OOM while serving lowers --mem-fraction-static one rung, a startup
+"increase --mem-fraction-static" raises it, a host OOM shrinks the hierarchical cache, a
+dead GPU stops and calls a human. Prometheus metrics and MQTT alerts say what happened."""
+
+EPILOG = """\
+Examples:
+  sglang-supervisor demo                     # try it: a simulated 8-GPU night, no GPU needed
+  sglang-supervisor check-config --config /etc/sglang-supervisor/kimi.toml
+  sglang-supervisor run --config /etc/sglang-supervisor/kimi.toml
+  sglang-supervisor status --config /etc/sglang-supervisor/kimi.toml
+  sglang-supervisor explain /var/log/sglang-supervisor/kimi/server.log
+
+'sglang-supervisor COMMAND --help' shows a command's options and an example."""
+
+CONFIG = "/etc/sglang-supervisor/kimi.toml"
+
+
+def _command(
+    sub: Any, name: str, summary: str, example: str, description: str | None = None
+) -> argparse.ArgumentParser:
+    """A subcommand whose --help has a description and an example."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, help=summary, description=textwrap.fill(description or summary[0].upper() + summary[1:] + ".", 88),
+        epilog=f"Example:\n  {example}", formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from supervisor.cli import demo, drill, explain, preflight
+
+    parser = _Parser(prog="sglang-supervisor", description=DESCRIPTION, epilog=EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"sglang-supervisor {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+
+    p = _command(
+        sub, "run", "run the daemon: launch the server and keep it running",
+        f"sglang-supervisor run --config {CONFIG} --set server.mem_fraction_static=0.88",
+        "Run the daemon in the foreground (systemd runs it so): launch SGLang with the config's flags, "
+        "watch it, and relaunch it with the remedy when it dies. --dry-run prints the argv it would "
+        "launch and exits.",
+    )
+    _add_config(p)
+    p.add_argument("--dry-run", action="store_true", help="print the argv it would launch, as JSON")
+
+    p = _command(sub, "check-config", "validate a config file", f"sglang-supervisor check-config --config {CONFIG}")
+    _add_config(p)
+
+    p = _command(
+        sub, "status", "state, fraction and crash history from the state directory",
+        f"sglang-supervisor status --config {CONFIG} --json",
+    )
+    _add_config(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = _command(
+        sub, "restart",
+        "a planned restart of the running daemon's server: drain, stop, relaunch with the current flags",
+        f"sglang-supervisor restart --config {CONFIG}",
+        "Ask the running daemon to drain its server (SIGTERM to SGLang's main process: in-flight "
+        "requests finish), stop it and relaunch it with the current flags, then wait until it is READY again.",
+    )
+    _add_config(p, overrides=False)
+    p.add_argument("--no-wait", action="store_true", help="return once the daemon has accepted the request")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for READY (default 3600)")
+
+    p = _command(
+        sub, "explain", "diagnose a crash log",
+        "journalctl -u my-old-sglang -o cat | sglang-supervisor explain -",
+        "Read a dead SGLang server's log and say why it died: the cause, the evidence line, where in "
+        "the code, and what the supervisor would do about it.",
+    )
+    explain.add_arguments(p)
+
+    p = _command(sub, "preflight", "check GPUs, host RAM, port and model path",
+                 f"sglang-supervisor preflight --config {CONFIG}")
+    _add_config(p)
+    preflight.add_arguments(p)
+
+    p = _command(
+        sub, "drill", "publish a drill alert and report whether the broker acked it",
+        f"sglang-supervisor drill --config {CONFIG}",
+        "Publish a drill alert to the config's MQTT broker, as a real alert would go, and report "
+        "whether the broker acknowledged it (exit 0) or not (exit 1).",
+    )
+    _add_config(p)
+    drill.add_arguments(p)
+
+    p = _command(
+        sub, "demo", "the seed's night against the simulator (no GPU needed)",
+        "sglang-supervisor demo --scenario preempt --hold 60",
+        "Replay a night against a simulated SGLang on simulated GPUs: the server dies of a CUDA OOM "
+        "at 0.93 and comes back at 0.88 (--scenario oom), or the headroom guard steps down before "
+        "it dies (--scenario preempt).",
+    )
+    demo.add_arguments(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return _dispatch(args)
+    except ConfigError as exc:
+        return fail(str(exc))
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    cmd = args.command
+    if cmd == "explain":
+        from supervisor.cli import explain
+
+        return explain.run(args)
+    if cmd == "demo":
+        from supervisor.cli import demo
+
+        return demo.run(args)
+    cfg = load_config(args.config, getattr(args, "overrides", []))
+    if cmd == "check-config":
+        print(f"{args.config}: ok")
+        return 0
+    if cmd == "run":
+        from supervisor.cli.run import next_argv, run_daemon_async
+
+        if args.dry_run:
+            print(json.dumps(list(next_argv(cfg))))
+            return 0
+        return asyncio.run(run_daemon_async(cfg, config_path=args.config, overrides=args.overrides))
+    if cmd == "status":
+        from supervisor.cli.status import status
+
+        return status(cfg, as_json=args.json)
+    if cmd == "restart":
+        from supervisor.cli.restart import restart
+
+        return restart(cfg, wait=not args.no_wait, timeout_s=args.timeout)
+    if cmd == "preflight":
+        from supervisor.cli import preflight
+
+        return preflight.run(args, cfg)
+    if cmd == "drill":
+        from supervisor.cli import drill
+
+        return drill.run(args, cfg)
+    raise AssertionError(cmd)

@@ -1,0 +1,20 @@
+"""``sglang-supervisor demo``: the seed's night against a simulated SGLang on simulated GPUs
+(``supervisor/sim/demo.py``), reached through the registry."""
+
+from __future__ import annotations
+
+import argparse
+
+from supervisor.cli import registry
+from supervisor.cli.common import fail
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    registry.add_demo_arguments(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    missing = registry.sim_missing()
+    if missing is not None:
+        return fail(missing, 1)
+    return registry.run_demo(args)

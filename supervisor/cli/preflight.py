@@ -1,0 +1,28 @@
+"""``sglang-supervisor preflight``: the checks the daemon runs before a launch, as a table
+(or JSON); exit 0 when all pass, 1 otherwise."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from dataclasses import asdict
+
+from supervisor.cli import registry
+from supervisor.core.config import Config
+from supervisor.preflight import all_ok, cli_checks, format_table
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``sglang-supervisor preflight`` besides ``--config`` (the CLI adds that)."""
+    p.add_argument("--json", action="store_true", help="print the checks as JSON")
+
+
+def run(args: argparse.Namespace, cfg: Config) -> int:
+    """Print the checks; 0 when all pass, 1 otherwise."""
+    checks = asyncio.run(cli_checks(cfg, registry.make_probe(cfg.gpu)))
+    if getattr(args, "json", False):
+        print(json.dumps({"ok": all_ok(checks), "checks": [asdict(c) for c in checks]}, indent=2))
+    else:
+        print(format_table(checks))
+    return 0 if all_ok(checks) else 1

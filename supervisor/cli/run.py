@@ -1,0 +1,139 @@
+"""``sglang-supervisor run``: the daemon's composition root.
+
+The only place that knows the concrete adapters and sinks: it builds them, puts them in a
+``Ports`` and runs a ``Daemon`` over them. ``next_argv`` is ``run --dry-run``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Callable, Sequence
+from typing import IO, TYPE_CHECKING, Any
+
+from supervisor.core.config import Config, ConfigError, load_config
+
+if TYPE_CHECKING:
+    from supervisor.sinks.alerts import MqttAlerter
+    from supervisor.sinks.metrics import Metrics
+
+
+async def run_daemon_async(
+    cfg: Config,
+    *,
+    config_path: str | None = None,
+    overrides: Sequence[str] = (),
+    extra_sinks: Sequence[Any] = (),
+    log_stream: IO[str] | None = None,
+    on_daemon: Any = None,
+    install_signals: bool = True,
+) -> int:
+    """Build the real adapters around a ``Daemon`` and run it to the end."""
+    from prometheus_client import CollectorRegistry
+
+    from supervisor import preflight
+    from supervisor.adapters import cleanup, control, gpu
+    from supervisor.adapters.cgroup import cgroup_oom_kills
+    from supervisor.adapters.health import HealthProber
+    from supervisor.adapters.ports import Ports
+    from supervisor.adapters.process import RotatingLog, ServerProcess
+    from supervisor.adapters.sdnotify import Notifier
+    from supervisor.adapters.store import StateStore
+    from supervisor.cli import registry
+    from supervisor.daemon import Daemon
+    from supervisor.sinks import logs
+
+    logger = logs.configure(cfg.logging.format, cfg.logging.level, log_stream)
+    host = socket.gethostname()
+    instance = cfg.mqtt.instance or cfg.name
+    sinks: list[Any] = [logs.LogSink(logger)]
+    metrics_server = None
+    alerter = None
+    metrics = None
+    if cfg.metrics.enabled:
+        from supervisor.sinks.metrics import Metrics, MetricsError, start_metrics_server
+
+        prom_registry = CollectorRegistry(auto_describe=True)
+        metrics = Metrics(prom_registry, fraction_ladder=cfg.policy.fraction_ladder, headroom_min_gb=cfg.gpu.headroom_min_gb)
+        sinks.append(metrics)
+        try:
+            metrics_server = await start_metrics_server(cfg.metrics.listen, prom_registry)
+        except MetricsError as exc:
+            logger.error("metrics_unavailable", error=str(exc))
+        else:
+            logger.info("metrics_listening", listen=metrics_server.url)
+    if cfg.mqtt.enabled:
+        alerter = build_alerter(cfg, host=host, instance=instance, logger=logger, metrics=metrics)
+        await alerter.start()
+        sinks.append(alerter)
+    sinks.extend(extra_sinks)
+
+    def reload() -> Config:
+        if config_path is None:
+            raise ConfigError("no config file to reload")
+        return load_config(config_path, overrides)
+
+    ports = Ports(
+        store=StateStore(cfg.state.dir),
+        sinks=sinks,
+        logger=logger,
+        cleanup=cleanup,
+        preflight=preflight,
+        spawner=ServerProcess,
+        prober=HealthProber,
+        gpu_monitor=gpu.GpuMonitor,
+        open_log=RotatingLog,
+        start_control=control.serve,
+        oom_kills=cgroup_oom_kills,
+        gpu_probe=registry.make_probe(cfg.gpu),
+        notifier=Notifier.from_env(),
+        reload=reload,
+        host=host,
+        install_signals=install_signals,
+    )
+    daemon = Daemon(cfg, ports)
+    if on_daemon is not None:
+        on_daemon(daemon)
+    try:
+        return await daemon.run()
+    finally:
+        if alerter is not None:
+            await alerter.aclose()
+        if metrics_server is not None:
+            await metrics_server.close()
+
+
+def _no_health(kind: str, value: Any) -> None:
+    """The alerter's health hook when metrics are off: nothing to count."""
+
+
+def alerting_health_callback(metrics: Metrics | None) -> Callable[[str, Any], None]:
+    """The MQTT alerter's ``on_health``: the metrics sink's own hook, or a no-op without metrics.
+
+    There is one mapping from the alerter's health reports to metrics, ``Metrics.alerting_health``;
+    a copy here once left out ``mqtt_connect_failed``.
+    """
+    return _no_health if metrics is None else metrics.alerting_health
+
+
+def build_alerter(cfg: Config, *, host: str, instance: str, logger: Any, metrics: Metrics | None) -> MqttAlerter:
+    """The daemon's MQTT alerter (not started), reporting its health to ``metrics``."""
+    from supervisor.sinks.alerts import MqttAlerter
+
+    return MqttAlerter(cfg.mqtt, host=host, instance=instance, logger=logger,
+                       on_health=alerting_health_callback(metrics))
+
+
+def next_argv(cfg: Config) -> tuple[str, ...]:
+    """The argv the daemon would launch next: the learned rung if the state dir has one."""
+    from supervisor.adapters.store import StateStore
+    from supervisor.core.machine import Learned, build_argv
+
+    data, _warning = StateStore(cfg.state.dir).load(move_aside=False)
+    learned = Learned.initial(cfg)
+    if data and isinstance(data.get("learned"), dict):
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            learned = Learned.from_dict(data["learned"]).rebased(cfg)
+    return build_argv(cfg, learned.fraction, learned.hicache_size_gb)
+
+

@@ -1,0 +1,56 @@
+"""``sglang-supervisor status``: the state, fraction and crash history from the state
+directory (works whether or not the daemon runs)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import IO
+
+from supervisor.core.config import Config
+
+
+def status(cfg: Config, *, as_json: bool = False, out: IO[str] | None = None) -> int:
+    from supervisor.adapters.store import StateStore
+
+    out = out or sys.stdout
+    store = StateStore(cfg.state.dir)
+    data, warning = store.load(move_aside=False)
+    running = store.locked_by_other()
+    if data is None:
+        if as_json:
+            print(json.dumps({"running": running, "state": None, "warning": warning}), file=out)
+        else:
+            print(f"no state in {cfg.state.dir} (never run here?)" + (f" - {warning}" if warning else ""), file=out)
+        return 0
+    learned = data.get("learned", {})
+    if as_json:
+        print(json.dumps({"running": running, **data}, indent=1), file=out)
+        return 0
+    state = data.get("state", "?")
+    print(f"instance:  {cfg.name}  (daemon {'running, pid ' + str(data.get('daemon_pid')) if running else 'not running'})", file=out)
+    print(f"state:     {state}{'' if running else ' (last known)'}  {data.get('reason', '')}", file=out)
+    def frac(value: object) -> str:
+        return "SGLang's own choice" if value is None else str(value)
+
+    print(
+        f"fraction:  {frac(learned.get('fraction'))}  (configured {frac(learned.get('base_fraction'))}; "
+        f"ran out of CUDA memory at: {', '.join(map(str, learned.get('oom_fractions', []))) or 'none'})",
+        file=out,
+    )
+    print(f"hicache:   {learned.get('hicache_size_gb')} GB per rank   restarts: {learned.get('restarts', 0)}", file=out)
+    history = learned.get("history", [])
+    print(f"history:   {len(history)} crash(es) and step-down(s)", file=out)
+    if history:
+        rows = [("time", "cause", "phase", "exit", "fraction", "next", "location")]
+        rows.extend(
+            (
+                h["wall_time"], h["cause"], h["phase"], h["exit"], "sglang" if h["fraction"] is None else f"{h['fraction']:g}",
+                "-" if h["next_fraction"] is None else f"{h['next_fraction']:g}", h.get("location") or "-",
+            )
+            for h in history[-20:]
+        )
+        widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+        for r in rows:
+            print("  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)), file=out)
+    return 0

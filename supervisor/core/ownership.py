@@ -1,0 +1,47 @@
+"""What makes a server provably ours, and the environment it is launched with (pure).
+
+Every server the daemon launches carries ``MARK_VAR`` (this daemon's instance id) and
+``LAUNCH_VAR`` (a nonce per launch) in its environment; the state file records its process
+group, launch time and tree. The cleanup adapter reads these back to tell our leftovers
+from another user's server (``supervisor.adapters.cleanup``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+MARK_VAR = "SGLANG_SUPERVISOR_INSTANCE"
+LAUNCH_VAR = "SGLANG_SUPERVISOR_LAUNCH"
+
+
+def recorded_server(state: Mapping[str, Any]) -> dict[str, Any]:
+    """What a state file records of the last server launched, as ``find_stale``'s keyword
+    arguments: its process group, launch time and tree (pure; malformed values are dropped)."""
+    pgid, since, tree = state.get("server_pgid"), state.get("server_since"), state.get("server_tree")
+    return {
+        "recorded_pgid": pgid if isinstance(pgid, int) and not isinstance(pgid, bool) else None,
+        "recorded_since": float(since) if isinstance(since, int | float) else None,
+        "recorded_tree": [
+            (int(t[0]), float(t[1])) for t in (tree if isinstance(tree, list) else [])
+            if isinstance(t, list) and len(t) == 2 and all(isinstance(x, int | float) for x in t)
+        ],
+    }
+
+
+def server_env(
+    pass_env: Sequence[str], extra: Mapping[str, str], environ: Mapping[str, str],
+    mark: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Only the variables the config names: ``pass_env`` (names or shell patterns such as
+    ``NCCL_*``) from our environment, plus ``env``, plus ``mark`` (our ownership mark), which
+    nothing overrides."""
+    patterns = [p for p in pass_env if any(c in p for c in "*?[")]
+    env = {k: environ[k] for k in pass_env if k in environ}
+    for name, value in environ.items():
+        if name not in env and any(fnmatch.fnmatchcase(name, p) for p in patterns):
+            env[name] = value
+    env.update(extra)
+    env.update(mark or {})
+    return env

@@ -1,0 +1,92 @@
+"""The architecture is enforced: import-linter's contracts (``pyproject.toml``) hold on the
+package, and each contract really fails when a module breaks it.
+
+The second test copies the package, plants one forbidden import per case and checks that
+``lint-imports`` names the broken contract and the planted line, so a contract that has
+quietly stopped matching anything (a renamed package, a typo) fails here too.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    if not LINT_IMPORTS.exists():
+        pytest.fail(f"{LINT_IMPORTS} is missing: import-linter comes with the [test] extra (pip install -e '.[test]')")
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"], cwd=root, env=env, capture_output=True, text=True, timeout=300,
+    )
+
+
+def test_every_contract_is_kept() -> None:
+    """`lint-imports` on the package: every contract in pyproject.toml is kept."""
+    r = lint_imports(REPO)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "0 broken" in r.stdout and " BROKEN" not in r.stdout
+
+
+# (module to plant the import in, the import, the contract that must break)
+VIOLATIONS = [
+    ("core/model.py", "import supervisor.adapters.ports", "layers: cli > daemon"),
+    ("core/machine.py", "import supervisor.sim.simgpu", "the product never imports the simulator"),
+    ("daemon.py", "import supervisor.adapters.process", None),  # allowed by the layers: must stay kept
+    ("adapters/gpu.py", "import supervisor.adapters.cleanup", "adapters are independent"),
+    ("sinks/logs.py", "import supervisor.sinks.metrics", "sinks are independent of each other"),
+    ("cli/run.py", "import supervisor.sim.simgpu", "the CLI reaches the simulator only through cli.registry"),
+    ("sim/demo.py", "import supervisor.daemon", "the simulator never imports the daemon"),
+    ("core/policy.py", "import asyncio", "the core does no I/O"),
+    ("core/diagnosis.py", "import psutil", "the core does no I/O"),
+]
+
+
+@pytest.mark.parametrize(("module", "line", "contract"), VIOLATIONS, ids=[f"{m}:{line}" for m, line, _ in VIOLATIONS])
+def test_a_planted_import_breaks_its_contract(tmp_path: Path, module: str, line: str, contract: str | None) -> None:
+    """A copy of the package with one planted import: lint-imports fails, on the contract that
+    forbids it among others (or stays green for an import the layers allow)."""
+    shutil.copytree(REPO / "supervisor", tmp_path / "supervisor", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    target = tmp_path / "supervisor" / module
+    target.write_text(target.read_text() + f"\n{line}  # planted by tests/test_layers.py\n")
+    r = lint_imports(tmp_path)
+    if contract is None:
+        assert r.returncode == 0, r.stdout + r.stderr
+        return
+    assert r.returncode != 0, f"planting {line!r} in {module} broke nothing:\n{r.stdout}"
+    # Contracts also see indirect imports, so one planted line may break more than one.
+    broken = [ln for ln in r.stdout.splitlines() if " BROKEN" in ln]
+    assert any(ln.startswith(contract) for ln in broken), r.stdout
+    planted = line.split()[-1]
+    assert planted in r.stdout, r.stdout
+
+
+def test_the_daemon_side_loads_no_simulator_torch_or_sglang() -> None:
+    """Every module the daemon process can load (the CLI, the composition root, the daemon,
+    the services, every adapter and sink) pulls in neither the simulator and its
+    ``setproctitle`` (the ``[sim]`` extra) nor torch or sglang."""
+    modules = [
+        "supervisor.cli", "supervisor.cli.run", "supervisor.cli.status", "supervisor.cli.restart",
+        "supervisor.cli.preflight", "supervisor.cli.drill", "supervisor.cli.explain", "supervisor.cli.registry",
+        "supervisor.daemon", "supervisor.preflight", "supervisor.release",
+        *(f"supervisor.adapters.{p.stem}" for p in (REPO / "supervisor" / "adapters").glob("*.py")),
+        *(f"supervisor.sinks.{p.stem}" for p in (REPO / "supervisor" / "sinks").glob("*.py")),
+    ]
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sglang', 'setproctitle')"
+        " or m.startswith('supervisor.sim'))))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [], f"the daemon side loaded: {r.stdout}"
