@@ -69,3 +69,17 @@ async def test_a_broker_that_is_down_shows_in_the_connect_failure_counter() -> N
                   for r in ("auth", "config", "tls", "timeout", "error"))
     assert alerter.connect_failures >= 2
     assert counted == alerter.connect_failures
+
+
+def test_demo_without_the_sim_extra_says_so_in_one_line(monkeypatch, capsys) -> None:
+    """Without the [sim] extra (no setproctitle) the demo fails in one line that names the
+    extra, instead of a simulator dying at import over and over."""
+    import importlib.util
+
+    from supervisor.cli import main, registry
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "setproctitle" else real(name, *a))
+    assert main(["demo"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "[sim] extra" in err[0] and registry.SIM_EXTRA_HINT in err[0]
