@@ -43,6 +43,7 @@ from supervisor.adapters.ports import (
     ServerHandle,
     StoreError,
 )
+from supervisor.core import events as ev
 from supervisor.core import machine
 from supervisor.core.config import Config, ConfigError
 from supervisor.core.diagnosis import diagnose
@@ -176,7 +177,7 @@ class Daemon:
             self._install_signals()
             self._start_background()
             await self._start_control()
-            self.emit("daemon_started", {"version": _version(), "config": self.cfg.name, "pid": os.getpid()})
+            self.emit(ev.DaemonStarted(version=_version(), config=self.cfg.name, pid=os.getpid()))
             self.p.notifier.ready()
             self.feed(Boot())
             while self.exit_code is None:
@@ -205,8 +206,8 @@ class Daemon:
 
     def _do(self, action: machine.Action) -> None:
         match action:
-            case Emit(event=name, fields=fields):
-                self.emit(name, fields)
+            case Emit(event=event):
+                self.emit(event)
             case SetTimer(name=name, delay_s=delay):
                 self._cancel_timer(name)
                 loop = asyncio.get_running_loop()
@@ -235,14 +236,15 @@ class Daemon:
         server = self.server
         self.post(TimerFired(name, last_output_at=server.last_output_at if server else None))
 
-    def emit(self, name: str, fields: Mapping[str, Any]) -> None:
-        data = {"host": self.p.host, "instance": self.instance, **fields}
+    def emit(self, event: ev.Event) -> None:
+        """Stamp ``event`` with our host and instance and hand it to every sink."""
+        event = replace(event, host=self.p.host, instance=self.instance)
         for sink in self.p.sinks:
             try:
-                sink.emit(name, data)
+                sink.emit(event)
             except Exception as exc:  # noqa: BLE001 - a broken sink must not stop supervision
                 self.log.warning("sink_failed", sink=type(sink).__name__, error=repr(exc)[:200])
-        if name == "state_changed":
+        if isinstance(event, ev.StateChanged):
             self._notify_status()
 
     def _notify_status(self) -> None:
@@ -276,11 +278,12 @@ class Daemon:
             )
             for proc in report.foreign:
                 index, used = holders.get(proc.pid, (None, None))
-                self.emit("foreign_gpu_process", {**proc.to_dict(), "gpu": index, "used_bytes": used})
+                self.emit(ev.ForeignGpuProcess(pid=proc.pid, name=proc.name, cmdline=proc.cmdline,
+                                               reason=proc.reason, gpu=index, used_bytes=used))
             if report.port_holders and not cfg.gpu.kill_foreign:
                 # Not ours (no mark, not our process group): reported, never killed.
-                self.emit("port_in_use", {"port": cfg.server.port,
-                                          "holders": [p.to_dict() for p in report.port_holders]})
+                self.emit(ev.PortInUse(port=cfg.server.port,
+                                       holders=tuple(p.to_dict() for p in report.port_holders)))
                 who = ", ".join(f"pid {p.pid} {p.name or '?'}" for p in report.port_holders)
                 self.post(PrepareFailed(Cause.PORT_IN_USE, f"port {cfg.server.port} is held by {who}, not ours"))
                 return
@@ -289,10 +292,10 @@ class Daemon:
                 killed = await self.p.cleanup.kill_stale(
                     report, grace_s=min(cfg.server.stop_grace_s, 10.0), kill_foreign=cfg.gpu.kill_foreign
                 )
-                self.emit(
-                    "orphans_killed",
-                    {"pids": killed, "titles": [p.name for p in report.ours], "reasons": [p.reason for p in report.ours]},
-                )
+                self.emit(ev.OrphansKilled(
+                    pids=tuple(killed), titles=tuple(p.name for p in report.ours),
+                    reasons=tuple(p.reason for p in report.ours),
+                ))
             self._recorded_pgid = None
             self._recorded_tree = []
             if cfg.gpu.backend != "none":
@@ -308,22 +311,19 @@ class Daemon:
                 if result.error is not None:
                     # Degraded: we cannot see the GPUs, so we cannot prove them free. Launch
                     # anyway (the server's own startup OOM would tell) and say so once.
-                    self.emit("gpu_probe_error", {"error": str(result.error), "degraded": True, "lost": False})
+                    self.emit(ev.GpuProbeFailed(error=str(result.error), degraded=True, lost=False))
                 elif not result.ok:
-                    self.emit("gpu_memory_stuck", result.stuck_fields(cfg.gpu.release_timeout_s))
+                    self.emit(result.stuck_event(cfg.gpu.release_timeout_s))
                     detail = result.describe(cfg.gpu.free_share_min)
                     self.post(PrepareFailed(Cause.GPU_MEMORY_STUCK, detail, True))
                     return
             checks = await self.p.preflight.run_preflight(cfg, self.p.gpu_probe, degraded_ok=True)
             failed = [c for c in checks if not c.ok]
             if failed:
-                self.emit(
-                    "preflight_failed",
-                    {
-                        "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks],
-                        "permanent": any(c.permanent for c in failed),
-                    },
-                )
+                self.emit(ev.PreflightFailed(
+                    checks=tuple({"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks),
+                    permanent=any(c.permanent for c in failed),
+                ))
                 detail = "; ".join(f"{c.name}: {c.detail}" for c in failed)
                 # A model that is not there is the same finding SGLang would make a minute later.
                 cause = Cause.MODEL_LOAD_ERROR if any(c.name == "model_path" for c in failed) else Cause.PREFLIGHT_FAILED
@@ -351,7 +351,7 @@ class Daemon:
             cfg.logging.server_log or state_dir / "server.log",
             cfg.logging.server_log_max_bytes,
             cfg.logging.server_log_backups,
-            on_error=lambda why: self.emit("server_log_write_failed", {"error": why}),
+            on_error=lambda why: self.emit(ev.ServerLogWriteFailed(error=why)),
         )
         log.write(f"=== sglang-supervisor launch {launch.attempt} at {wall_now()}: {' '.join(launch.argv)}\n".encode())
         self._launch_nonce = uuid.uuid4().hex[:16]
@@ -373,16 +373,15 @@ class Daemon:
         server.on_line = self._on_server_line
         server.on_part_died = lambda pid, title: self.post(PartDied(pid, title))
         self.emit(
-            "launch",
-            {
-                "argv": list(launch.argv),
-                "mem_fraction_static": launch.fraction,
-                "hicache_size_gb": launch.hicache_size_gb,
-                "attempt": launch.attempt,
-                "pid": server.pid,
-                "rung": _rung(launch.fraction, cfg),
-                "launch_id": self._launch_nonce,
-            },
+            ev.ServerLaunched(
+                argv=tuple(launch.argv),
+                mem_fraction_static=launch.fraction,
+                hicache_size_gb=launch.hicache_size_gb,
+                attempt=launch.attempt,
+                pid=server.pid,
+                rung=_rung(launch.fraction, cfg),
+                launch_id=self._launch_nonce,
+            ),
         )
         self.post(Launched(server.pid))
         self._spawn(self._watch(server), "watch")
@@ -438,8 +437,8 @@ class Daemon:
             # Readiness counts only when the listener on our port is our server's: a server
             # that fails to bind still sees its warm-up answered by whoever holds the port.
             ok, detail = await asyncio.to_thread(self._port_is_ours, server)
-        self.emit("probe", {"ok": ok, "duration_s": round(outcome.duration_s, 4),
-                            "status": outcome.status, "error": None if ok else detail})
+        self.emit(ev.ProbeAnswered(ok=ok, duration_s=round(outcome.duration_s, 4), status=outcome.status,
+                                   error=None if ok else detail))
         self.post(ProbeResult(ok, detail))
 
     def _port_is_ours(self, server: ServerHandle) -> tuple[bool, str]:
@@ -511,7 +510,7 @@ class Daemon:
             self._store_failing = False
         except StoreError as exc:
             if not self._store_failing:
-                self.emit("state_write_failed", {"error": str(exc)})
+                self.emit(ev.StateWriteFailed(error=str(exc)))
             self._store_failing = True
 
     # -- signals, reload, background --------------------------------------------------------
@@ -528,7 +527,7 @@ class Daemon:
         self.post(StopRequested(reason))
 
     def request_restart(self, reason: str) -> None:
-        self.emit("restart_requested", {"reason": reason})
+        self.emit(ev.RestartRequested(reason=reason))
         self.post(RestartRequested(reason))
 
     async def _start_control(self) -> None:
@@ -560,11 +559,11 @@ class Daemon:
         try:
             new = self.p.reload()
         except ConfigError as exc:
-            self.emit("config_reloaded", {"ok": False, "error": str(exc)})
+            self.emit(ev.ConfigReloaded(ok=False, error=str(exc)))
         else:
             self.cfg = new
             self._prober = None
-            self.emit("config_reloaded", {"ok": True, "error": None})
+            self.emit(ev.ConfigReloaded(ok=True))
             self.post(ConfigChanged())
         self.p.notifier.ready()
 
@@ -610,8 +609,7 @@ class Daemon:
         if self.exit_code is not None:
             return
         self._failure = failed
-        self.emit("daemon_failed", {"task": failed.task, "error": repr(failed.error)[:300],
-                                    "exit_code": EXIT_DAEMON_FAILED})
+        self.emit(ev.DaemonFailed(task=failed.task, error=repr(failed.error)[:300], exit_code=EXIT_DAEMON_FAILED))
         self.exit_code = EXIT_DAEMON_FAILED
 
     def _cancel_timer(self, name: Timer) -> None:
@@ -627,7 +625,7 @@ class Daemon:
         reason = self.core.reason if self.core else "error"
         if self._failure is not None:
             reason = f"task {self._failure.task} failed: {self._failure.error!r}"[:300]
-        self.emit("daemon_stopping", {"reason": reason})
+        self.emit(ev.DaemonStopping(reason=reason))
         for name in list(self._timers):
             self._cancel_timer(name)
         if self._launch_task is not None and not self._launch_task.done():

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor.adapters.ports import GpuInfo, GpuProbe, GpuProbeError
+from supervisor.core.events import GpuMemoryStuck
 
 
 def gpus_released(gpus: Sequence[GpuInfo], min_free_share: float) -> bool:
@@ -41,15 +42,15 @@ class ReleaseResult:
             "needs a GPU reset): " + "; ".join(g.describe() for g in held)
         )
 
-    def stuck_fields(self, timeout_s: float) -> dict[str, Any]:
-        """Fields of the ``gpu_memory_stuck`` event."""
-        return {
-            "gpus": [
+    def stuck_event(self, timeout_s: float) -> GpuMemoryStuck:
+        """The ``gpu_memory_stuck`` event."""
+        return GpuMemoryStuck(
+            gpus=tuple(
                 {"index": g.index, "uuid": g.uuid, "free_bytes": g.free_bytes, "total_bytes": g.total_bytes}
                 for g in self.gpus
-            ],
-            "timeout_s": timeout_s,
-        }
+            ),
+            timeout_s=timeout_s,
+        )
 
 
 ERRORS_BEFORE_DEGRADED = 3

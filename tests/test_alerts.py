@@ -33,6 +33,7 @@ from supervisor.sinks.alerts import (
     truncate_evidence,
 )
 from tests.conftest import free_port
+from tests.edge import edge
 
 TS = datetime(2026, 10, 4, 3, 12, 9, 123456, tzinfo=UTC)
 HOST, INSTANCE = "gpu-node-3", "kimi"
@@ -231,11 +232,11 @@ def test_backoff_doubles_clamps_and_jitters_within_half() -> None:
 def test_emit_queues_alerts_and_ignores_other_events() -> None:
     """Only alert events enter the outbox, each on its event topic."""
     a = alerter()
-    a.emit("probe", {"ok": True})
-    a.emit("gpu_sample", {"gpus": []})
+    a.emit(edge("probe", {"ok": True}))
+    a.emit(edge("gpu_sample", {"gpus": []}))
     assert a.pending == 0
-    a.emit("crash", CRASH)
-    a.emit("drill", {})
+    a.emit(edge("crash", CRASH))
+    a.emit(edge("drill", {}))
     assert a.pending == 2
 
 
@@ -243,7 +244,7 @@ def test_state_changes_coalesce_to_the_latest_snapshot() -> None:
     """Many state changes while disconnected leave one snapshot to send: the newest."""
     a = alerter()
     for to in ("STARTING", "READY", "BACKOFF"):
-        a.emit("state_changed", {"from": "X", "to": to})
+        a.emit(edge("state_changed", {"from": "X", "to": to}))
     assert a.pending == 1
     assert json.loads(a._state_msg.payload)["state"] == "BACKOFF"  # type: ignore[union-attr]
 
@@ -254,7 +255,7 @@ def test_full_outbox_drops_the_oldest_counts_and_logs() -> None:
     with capture_logs() as logs:
         a = alerter(MqttConfig(enabled=True, outbox_size=3), on_health=lambda k, v: health.append((k, v)))
         for i in range(5):
-            a.emit("crash", {**CRASH, "attempt": i})
+            a.emit(edge("crash", {**CRASH, "attempt": i}))
     assert a.dropped == 2 and a.pending == 3
     assert health == [("alert_dropped", "crash")] * 2
     dropped_logs = [e for e in logs if e["event"] == "alert_dropped"]
@@ -272,11 +273,11 @@ def test_emit_never_raises() -> None:
 
     with capture_logs() as logs:
         a = alerter(MqttConfig(enabled=True, outbox_size=1), on_health=broken_health)
-        a.emit("crash", {"cause": object(), "evidence": 42, "gpus": "nonsense", "next_retry_s": "soon"})
-        a.emit("gpu_memory_stuck", {"gpus": [None, {"index": "x"}], "timeout_s": None})
-        a.emit("headroom_low", {"avail_mem_gb": "lots"})
+        a.emit(edge("crash", {"cause": object(), "evidence": 42, "gpus": "nonsense", "next_retry_s": "soon"}))
+        a.emit(edge("gpu_memory_stuck", {"gpus": [None, {"index": "x"}], "timeout_s": None}))
+        a.emit(edge("headroom_low", {"avail_mem_gb": "lots"}))
         b = alerter(clock=broken_clock)
-        b.emit("crash", CRASH)
+        b.emit(edge("crash", CRASH))
     assert a.pending == 1 and a.dropped == 2
     assert b.pending == 0
     events = [e["event"] for e in logs]
@@ -287,7 +288,7 @@ def test_alert_ids_are_unique_uuids() -> None:
     """Every alert gets its own uuid4 so consumers can drop duplicates."""
     a = alerter()
     for _ in range(20):
-        a.emit("crash", CRASH)
+        a.emit(edge("crash", CRASH))
     ids = [json.loads(m.payload)["id"] for m in a._outbox]
     assert len(set(ids)) == 20
     assert all(uuid.UUID(i).version == 4 for i in ids)
@@ -313,7 +314,7 @@ async def test_without_a_broker_it_keeps_retrying_and_keeps_alerts(tmp_path: Pat
     health: list[tuple[str, Any]] = []
     with capture_logs() as logs:
         a = alerter(closed_port_cfg(), on_health=lambda k, v: health.append((k, v)))
-        a.emit("crash", CRASH)
+        a.emit(edge("crash", CRASH))
         await a.start()
         await until(lambda: a.connect_failures >= 3, what="three failed connects")
         assert a.running and a.pending == 1

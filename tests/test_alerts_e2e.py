@@ -20,6 +20,7 @@ from supervisor.cli.drill import run
 from supervisor.core.config import Config, MqttConfig
 from supervisor.sinks.alerts import MqttAlerter, Topics, drill
 from tests.conftest import wait_until
+from tests.edge import edge
 from tests.mosquitto import BlackHole, Broker, Collector, Received, make_tls_files, retained
 from tests.test_alerts import CRASH, RECOVERED, RESTART, until
 
@@ -107,13 +108,13 @@ async def test_events_arrive_as_readable_json_on_their_topics(broker: Broker) ->
     async with Collector(broker, ALL) as sub:
         async with running(mqtt_cfg(broker.port)) as a:
             await sub.wait_for(lambda: last_status(sub) == b"online", what="status online")
-            a.emit("launch", {"mem_fraction_static": 0.93, "attempt": 1})
-            a.emit("state_changed", {"from": "READY", "to": "BACKOFF", "reason": "crash",
-                                     "mem_fraction_static": 0.93, "restarts": 0, "last_cause": "cuda_oom_runtime"})
-            a.emit("crash", CRASH)
-            a.emit("restart_scheduled", RESTART)
-            a.emit("probe", {"ok": True, "duration_s": 1.0})
-            a.emit("recovered", RECOVERED)
+            a.emit(edge("launch", {"mem_fraction_static": 0.93, "attempt": 1}))
+            a.emit(edge("state_changed", {"from": "READY", "to": "BACKOFF", "reason": "crash",
+                                     "mem_fraction_static": 0.93, "restarts": 0, "last_cause": "cuda_oom_runtime"}))
+            a.emit(edge("crash", CRASH))
+            a.emit(edge("restart_scheduled", RESTART))
+            a.emit(edge("probe", {"ok": True, "duration_s": 1.0}))
+            a.emit(edge("recovered", RECOVERED))
             await sub.wait_for(lambda: len(events(sub)) >= 3 and sub.on("/state"), what="three events and state")
             assert a.sent == 3
         await sub.wait_for(lambda: last_status(sub) == b"offline", what="status offline on clean stop")
@@ -182,7 +183,7 @@ async def test_alerts_queued_while_the_broker_is_down_arrive_in_order(brokers: C
         await broker.astop()
         async with running(mqtt_cfg(broker.port)) as a:
             for attempt in range(1, 6):
-                a.emit("crash", {**CRASH, "attempt": attempt})
+                a.emit(edge("crash", {**CRASH, "attempt": attempt}))
             await until(lambda: a.connect_failures >= 1, what="a failed connect")
             await broker.astart()
             await sub.wait_for(lambda: len(events(sub)) >= 5, what="five crash events")
@@ -201,7 +202,7 @@ async def test_a_flapping_broker_loses_no_alert(brokers: Callable[..., Broker]) 
             nonlocal emitted
             for _ in range(4):
                 emitted += 1
-                a.emit("crash", {**CRASH, "attempt": emitted})
+                a.emit(edge("crash", {**CRASH, "attempt": emitted}))
 
         burst()
         for _ in range(2):
@@ -230,7 +231,7 @@ async def test_a_crash_during_a_broker_outage_is_delivered_and_never_delays_the_
         loop = asyncio.get_running_loop()
         restarted = loop.create_future()
         # The daemon's crash handling: emit the alert, then relaunch on the next loop turn.
-        a.emit("crash", CRASH)
+        a.emit(edge("crash", CRASH))
         order.append("crash_emitted")
         loop.call_soon(lambda: (order.append("relaunched"), restarted.set_result(None)))
         await restarted
@@ -254,7 +255,7 @@ async def test_a_black_hole_broker_never_delays_emit(no_children_left: None) -> 
             loop = asyncio.get_running_loop()
             relaunched = loop.create_future()
             for attempt in range(1000):
-                a.emit("crash", {**CRASH, "attempt": attempt})
+                a.emit(edge("crash", {**CRASH, "attempt": attempt}))
             order.append("emitted")
             loop.call_soon(lambda: (order.append("relaunched"), relaunched.set_result(None)))
             await relaunched
@@ -296,7 +297,7 @@ async def test_password_file_authenticates_with_the_broker(brokers: Callable[...
     cfg = mqtt_cfg(broker.port, username=USER, password_file=str(pw))
     async with Collector(broker, TOPICS.event("#"), username=USER, password=PASSWORD) as sub:
         async with running(cfg) as a:
-            a.emit("crash", CRASH)
+            a.emit(edge("crash", CRASH))
             await sub.wait_for(lambda: events(sub), what="the crash alert")
     assert events(sub)[0].json()["kind"] == "crash"
 
@@ -336,7 +337,7 @@ async def test_tls_with_a_ca_made_in_the_test(brokers: Callable[..., Broker], tm
     cfg = mqtt_cfg(broker.port, host="localhost", tls=True, tls_ca_file=str(tls.ca_cert))
     async with Collector(broker, TOPICS.event("#"), **sub_tls) as sub:
         async with running(cfg) as a:
-            a.emit("crash", CRASH)
+            a.emit(edge("crash", CRASH))
             await sub.wait_for(lambda: events(sub), what="the crash alert over TLS")
     assert events(sub)[0].json()["kind"] == "crash"
 

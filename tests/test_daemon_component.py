@@ -18,6 +18,7 @@ import pytest
 from supervisor.adapters.ports import Ports, ProbeOutcome, StaleReport
 from supervisor.adapters.store import StoreError
 from supervisor.core.config import Config, HealthConfig, LoggingConfig, PolicyConfig, ServerConfig, StateConfig
+from supervisor.core.events import Event
 from supervisor.core.model import ExitStatus, State
 from supervisor.daemon import EXIT_DAEMON_FAILED, Daemon
 
@@ -33,8 +34,8 @@ class Recorder:
     def __init__(self) -> None:
         self.events: list[tuple[str, dict[str, Any]]] = []
 
-    def emit(self, event: str, fields: Mapping[str, Any]) -> None:
-        self.events.append((event, dict(fields)))
+    def emit(self, event: Event) -> None:
+        self.events.append((event.kind, event.fields()))
 
     def find(self, name: str) -> list[dict[str, Any]]:
         return [f for e, f in self.events if e == name]

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from supervisor.core.config import MqttConfig
 from supervisor.core.model import Cause
 from supervisor.sinks.alerts import Context, MqttAlerter, build_alert, truncate_evidence
+from tests.edge import edge
 
 MARKER = re.compile(r"\n\.\.\. \[truncated (\d+) chars\]\Z")
 TS = datetime(2026, 11, 29, 3, 12, 9, tzinfo=UTC)
@@ -79,7 +80,7 @@ def test_alert_payload_with_huge_evidence_is_bounded(ev: Any, limit: int, cause:
 def test_queued_mqtt_message_is_bounded(ev: Any, limit: int) -> None:
     """What MqttAlerter would publish (its outbox) carries the truncated evidence."""
     alerter = MqttAlerter(MqttConfig(enabled=True, evidence_max_chars=limit), host="h", instance="i")
-    alerter.emit("crash", {"cause": "cuda_oom_runtime", "evidence": ev, "attempt": 1, "next_retry_s": 1.0})
+    alerter.emit(edge("crash", {"cause": "cuda_oom_runtime", "evidence": ev, "attempt": 1, "next_retry_s": 1.0}))
     assert alerter.pending == 1
     message = alerter._outbox[0]  # noqa: SLF001 - the bytes that would go on the wire
     payload = json.loads(message.payload)

@@ -280,7 +280,7 @@ async def test_real_pynvml_without_a_driver_is_unavailable(driverless_real_pynvm
     events: list[tuple[str, dict]] = []
     lost: list[GpuProbeError] = []
     monitor = GpuMonitor(probe, interval_s=1.0, low_free_bytes=GIB,
-                         emit=lambda e, f: events.append((e, dict(f))), on_lost=lost.append)
+                         emit=lambda e: events.append((e.kind, e.fields())), on_lost=lost.append)
     await monitor.tick()
     await monitor.tick()
     assert events == [("gpu_probe_error", {"error": LIBRARY_NOT_FOUND, "degraded": True, "lost": False})]
@@ -300,7 +300,7 @@ async def test_fake_pynvml_with_gpus_gives_exact_readings(nvml: fake_pynvml.Fake
                 free_bytes=41 * GIB, used_bytes=100 * GIB, processes=(GpuProcess(4242, 100 * GIB),)),
     ]
     events: list[tuple[str, dict]] = []
-    monitor = GpuMonitor(probe, interval_s=1.0, low_free_bytes=GIB, emit=lambda e, f: events.append((e, dict(f))))
+    monitor = GpuMonitor(probe, interval_s=1.0, low_free_bytes=GIB, emit=lambda e: events.append((e.kind, e.fields())))
     await monitor.tick()
     assert monitor.last == gpus and not monitor.watch.degraded
     assert events == [("gpu_sample", {"gpus": [
@@ -318,7 +318,7 @@ async def test_monitor_reports_a_lost_gpu_once(nvml: fake_pynvml.FakeState) -> N
     lost: list[GpuProbeError] = []
     monitor = GpuMonitor(
         NvmlProbe((0,), 1.0), interval_s=1.0, low_free_bytes=GIB,
-        emit=lambda e, f: events.append((e, dict(f))), on_lost=lost.append,
+        emit=lambda e: events.append((e.kind, e.fields())), on_lost=lost.append,
     )
     await monitor.tick()
     nvml.errors["nvmlDeviceGetMemoryInfo"] = fake_pynvml.NVML_ERROR_GPU_IS_LOST

@@ -11,6 +11,7 @@ import pytest
 
 from supervisor.adapters.gpu import GpuInfo, GpuMonitor, GpuProbeError, GpuWatch
 from supervisor.adapters.ports import GIB
+from supervisor.core.events import GpuLowFree, GpuProbeFailed
 from supervisor.release import ERRORS_BEFORE_DEGRADED, gpus_released, wait_until_released
 from supervisor.sim import simgpu
 from supervisor.sim.gpuprobe import SimulatedProbe
@@ -163,9 +164,9 @@ async def test_stuck_memory_is_not_ok_after_the_timeout(sim_dir: Path, sleeper: 
     text = result.describe(0.95)
     assert "needs a GPU reset" in text and "GPU 1 (" in text and "41.0 of 141.0 GiB free (29%)" in text
     assert "GPU 0" not in text  # only the cards still held are named
-    fields = result.stuck_fields(120)
-    assert fields["timeout_s"] == 120
-    assert [(g["index"], g["free_bytes"]) for g in fields["gpus"]] == [(0, 141 * GIB), (1, 41 * GIB)]
+    stuck = result.stuck_event(120)
+    assert stuck.timeout_s == 120
+    assert [(g["index"], g["free_bytes"]) for g in stuck.gpus] == [(0, 141 * GIB), (1, 41 * GIB)]
 
 
 async def test_lost_gpu_ends_the_wait_at_once() -> None:
@@ -204,11 +205,11 @@ def test_gpus_released_needs_every_card_free_enough() -> None:
 def test_low_free_warns_once_per_episode() -> None:
     """A card below the threshold warns once, stays quiet while low, and re-arms only after recovering clearly."""
     watch = GpuWatch(low_free_bytes=GIB)
-    names = lambda events: [e for e, _ in events]  # noqa: E731
+    names = lambda events: [e.kind for e in events]  # noqa: E731
     assert names(watch.observe([_gpu(0, 5)])) == ["gpu_sample"]
     low = watch.observe([_gpu(0, 0.82)])
     assert names(low) == ["gpu_sample", "gpu_low_free"]
-    assert low[1][1] == {"index": 0, "uuid": "GPU-0", "free_bytes": int(0.82 * GIB), "threshold_bytes": GIB}
+    assert low[1] == GpuLowFree(index=0, uuid="GPU-0", free_bytes=int(0.82 * GIB), threshold_bytes=GIB)
     assert names(watch.observe([_gpu(0, 0.5)])) == ["gpu_sample"]
     assert names(watch.observe([_gpu(0, 1.1)])) == ["gpu_sample"]  # above the threshold, inside the hysteresis
     assert names(watch.observe([_gpu(0, 0.9)])) == ["gpu_sample"]
@@ -221,10 +222,10 @@ def test_probe_errors_report_once_and_recovery_once() -> None:
     watch = GpuWatch(low_free_bytes=GIB)
     err = GpuProbeError("nvml: no answer within 5 s")
     first = watch.observe_error(err)
-    assert first == [("gpu_probe_error", {"error": str(err), "degraded": True, "lost": False})]
+    assert first == [GpuProbeFailed(error=str(err), degraded=True, lost=False)]
     assert watch.observe_error(err) == [] and watch.degraded
     events = watch.observe([_gpu(0, 100)])
-    assert ("gpu_probe_error", {"error": None, "degraded": False, "lost": False}) in events
+    assert GpuProbeFailed(error=None, degraded=False, lost=False) in events
     assert not watch.degraded
 
 
@@ -234,7 +235,7 @@ async def test_monitor_samples_the_simulated_gpu_while_serving(sim_dir: Path, sl
     events: list[tuple[str, dict]] = []
     monitor = GpuMonitor(
         SimulatedProbe(sim_dir), interval_s=0.02, low_free_bytes=GIB,
-        emit=lambda e, f: events.append((e, dict(f))),
+        emit=lambda e: events.append((e.kind, e.fields())),
     )
     task = asyncio.create_task(monitor.run())
     try:

@@ -156,13 +156,13 @@ def of(actions: list[Action], kind: type) -> list[Any]:
 
 def emitted(actions: list[Action], name: str) -> dict[str, Any]:
     """The fields of the one ``Emit(name)`` among ``actions``."""
-    found = [a.fields for a in of(actions, Emit) if a.event == name]
-    assert len(found) == 1, f"expected one {name!r} emit, got {[a.event for a in of(actions, Emit)]}"
+    found = [a.event.fields() for a in of(actions, Emit) if a.event.kind == name]
+    assert len(found) == 1, f"expected one {name!r} emit, got {names(actions)}"
     return found[0]
 
 
 def names(actions: list[Action]) -> list[str]:
-    return [a.event for a in of(actions, Emit)]
+    return [a.event.kind for a in of(actions, Emit)]
 
 
 def timers(actions: list[Action]) -> dict[Timer, float]:
@@ -339,8 +339,13 @@ def test_causes_stay_typed_inside_and_become_strings_in_events() -> None:
     assert night.core.last_cause is Cause.CUDA_OOM_RUNTIME
     assert night.core.recovering_from is Cause.CUDA_OOM_RUNTIME
     for emit in of(actions, Emit):
-        assert strings_are_plain(emit.fields), emit
+        assert strings_are_plain(emit.event.fields()), emit
     assert emitted(actions, "state_changed")["last_cause"] == "cuda_oom_runtime"
+    # ... and the events themselves stay typed: strings only at the edge (fields())
+    (crash_event,) = [a.event for a in of(actions, Emit) if a.event.kind == "crash"]
+    assert type(crash_event.cause) is Cause and type(crash_event.phase) is Phase
+    (changed,) = [a.event for a in of(actions, Emit) if a.event.kind == "state_changed"]
+    assert changed.last_cause is Cause.CUDA_OOM_RUNTIME and changed.to is State.BACKOFF
 
 
 def test_a_misspelt_timer_name_fails_where_it_is_written() -> None:
@@ -953,10 +958,10 @@ def test_random_events_never_raise_and_never_run_two_servers(
         for timer in of(actions, SetTimer):
             assert math.isfinite(timer.delay_s) and timer.delay_s >= 0
         for emit in of(actions, Emit):
-            assert strings_are_plain(emit.fields), emit
+            assert strings_are_plain(emit.event.fields()), emit
         if "state_changed" in names(actions):
             # on disk before it is announced: a daemon killed right after the event leaves it
-            announced = next(i for i, a in enumerate(actions) if isinstance(a, Emit) and a.event == "state_changed")
+            announced = next(i for i, a in enumerate(actions) if isinstance(a, Emit) and a.event.kind == "state_changed")
             assert any(isinstance(a, Persist) for a in actions[:announced]), actions
         for _launch in of(actions, Launch):
             assert not server_may_run, "a second Launch while a server may still run"

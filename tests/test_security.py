@@ -32,6 +32,7 @@ from supervisor.core.config import ConfigError, MetricsConfig, MqttConfig, Serve
 from supervisor.sinks import logs
 from supervisor.sinks.alerts import MqttAlerter
 from supervisor.sinks.metrics import start_metrics_server
+from tests.edge import edge
 
 LOOPBACK = {"127.0.0.1", "::1"}
 
@@ -277,7 +278,7 @@ def test_secret_flags_are_redacted_in_the_launch_line() -> None:
     stream = io.StringIO()
     sink = logs.LogSink(logs.configure("json", "info", stream))
     argv = ["python", "-m", "sglang.launch_server", "--api-key", "k-1", "--hf-token=t-2", "--admin-api-key", "a-3", "--port", "1"]
-    sink.emit("launch", {"argv": argv})
+    sink.emit(edge("launch", {"argv": argv}))
     out = stream.getvalue()
     assert "k-1" not in out and "t-2" not in out and "a-3" not in out and "***" in out and "--port" in out
 

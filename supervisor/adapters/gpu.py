@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 from supervisor.adapters.ports import GpuInfo, GpuProbe, GpuProbeError, GpuProcess, NoneProbe
 from supervisor.core.config import GpuConfig
+from supervisor.core.events import Event, GpuLowFree, GpuProbeFailed, GpuSample
 
 T = TypeVar("T")
 
@@ -322,30 +323,26 @@ class GpuWatch:
     def degraded(self) -> bool:
         return self._failing is not None
 
-    def observe(self, gpus: Sequence[GpuInfo]) -> list[tuple[str, dict[str, Any]]]:
-        events: list[tuple[str, dict[str, Any]]] = [
-            ("gpu_sample", {"gpus": [_sample_fields(g) for g in gpus]})
-        ]
+    def observe(self, gpus: Sequence[GpuInfo]) -> list[Event]:
+        events: list[Event] = [GpuSample(gpus=tuple(_sample_fields(g) for g in gpus))]
         if self._failing is not None:
             self._failing = None
-            events.append(("gpu_probe_error", {"error": None, "degraded": False, "lost": False}))
+            events.append(GpuProbeFailed(error=None, degraded=False, lost=False))
         for g in gpus:
             if g.index not in self._low and g.free_bytes < self.low_free_bytes:
                 self._low.add(g.index)
-                events.append(("gpu_low_free", {
-                    "index": g.index, "uuid": g.uuid, "free_bytes": g.free_bytes,
-                    "threshold_bytes": self.low_free_bytes,
-                }))
+                events.append(GpuLowFree(index=g.index, uuid=g.uuid, free_bytes=g.free_bytes,
+                                         threshold_bytes=self.low_free_bytes))
             elif g.index in self._low and g.free_bytes > self.rearm_bytes:
                 self._low.discard(g.index)
         return events
 
-    def observe_error(self, error: GpuProbeError) -> list[tuple[str, dict[str, Any]]]:
+    def observe_error(self, error: GpuProbeError) -> list[Event]:
         state = "lost" if error.lost else "error"
         if self._failing == state:
             return []
         self._failing = state
-        return [("gpu_probe_error", {"error": str(error), "degraded": True, "lost": error.lost})]
+        return [GpuProbeFailed(error=str(error), degraded=True, lost=error.lost)]
 
 
 def _sample_fields(g: GpuInfo) -> dict[str, Any]:
@@ -356,7 +353,7 @@ def _sample_fields(g: GpuInfo) -> dict[str, Any]:
 class GpuMonitor:
     """Samples the probe every ``interval_s`` while serving and emits what ``GpuWatch`` says.
 
-    ``emit(event, fields)`` must not block (an ``EventSink.emit``). ``on_lost`` is called once
+    ``emit(event)`` must not block (an ``EventSink.emit``). ``on_lost`` is called once
     with the error when a GPU is lost, so the daemon can give up with ``gpu_hw_error``.
     Run ``run()`` as a task; cancel it to stop. ``last`` holds the latest good sample.
     """
@@ -367,7 +364,7 @@ class GpuMonitor:
         *,
         interval_s: float,
         low_free_bytes: int,
-        emit: Callable[[str, Mapping[str, Any]], None],
+        emit: Callable[[Event], None],
         on_lost: Callable[[GpuProbeError], None] | None = None,
         sleep: Callable[[float], Any] = asyncio.sleep,
     ) -> None:
@@ -390,8 +387,8 @@ class GpuMonitor:
         else:
             self.last = gpus
             events = self.watch.observe(gpus)
-        for name, fields in events:
-            self._emit(name, fields)
+        for event in events:
+            self._emit(event)
 
     async def run(self) -> None:
         while True:

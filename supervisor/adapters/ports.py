@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import signal
 
     from supervisor.core.config import Config
-    from supervisor.core.events import EventSink
+    from supervisor.core.events import Event, EventSink
     from supervisor.core.model import ExitStatus
 
 __all__ = [
@@ -310,7 +310,7 @@ class GpuMonitorFactory(Protocol):
         *,
         interval_s: float,
         low_free_bytes: int,
-        emit: Callable[[str, Mapping[str, Any]], None],
+        emit: Callable[[Event], None],
         on_lost: Callable[[GpuProbeError], None] | None = ...,
     ) -> Monitor: ...
 

@@ -1,54 +1,19 @@
-"""The daemon's event vocabulary: one stream feeds the log, the metrics and the alerts.
+"""The daemon's outgoing events: one frozen dataclass per kind, one stream to every sink.
 
-The pure core returns ``Emit(event, fields)`` actions; the daemon hands each one to every
-``EventSink`` (structlog logger, Prometheus metrics, MQTT alerts). A sink's ``emit`` must
-never block and never raise: it is called on the event loop, in the middle of a restart
-decision. Field values are JSON-able (str, int, float, bool, None, lists, dicts).
+The pure core returns ``Emit(event)`` actions; the daemon stamps each event with ``host``
+and ``instance`` and hands it to every ``EventSink`` (structlog logger, Prometheus metrics,
+MQTT alerts). A sink's ``emit`` must never block and never raise: it is called on the event
+loop, in the middle of a restart decision.
 
-Every event also carries ``host`` and ``instance`` (added by the daemon).
+Inside, fields keep their types (``Cause``, ``Phase``, ``State``, tuples). Strings appear
+only at the edge: ``event.fields()`` is the JSON-able form (enums as their values, tuples
+as lists, ``from_`` as ``from``) that the log line, the metric labels and the MQTT payload
+are made of. ``from_fields(kind, fields)`` is its inverse, for replaying a log line.
 
-| event               | fields (at least)                                                         |
-|---------------------|---------------------------------------------------------------------------|
-| daemon_started      | version, config, pid                                                      |
-| launch              | argv, mem_fraction_static, hicache_size_gb, attempt, pid, rung            |
-| state_changed       | from, to, reason, mem_fraction_static, restarts, last_cause               |
-| server_ready        | startup_s, mem_fraction_static, hicache_size_gb, attempt                  |
-| recovered           | like server_ready, plus cause (of the crash it recovered from)            |
-| startup_facts       | ranks {rank: {...RankFacts}}, avail_mem_after_capture_gb,                 |
-|                     | max_total_num_tokens, kv_cache_tokens, progress                           |
-| crash               | cause, remedy, phase, exit_code, signal, evidence [str], evidence_lineno, |
-|                     | location, rank, exc_type, exc_message, mem_fraction_static,               |
-|                     | hicache_size_gb, attempt, next_mem_fraction_static, next_hicache_size_gb, |
-|                     | next_retry_s (None when giving up), consecutive_failures                  |
-| restart_scheduled   | delay_s, cause, mem_fraction_static (the next one), hicache_size_gb,      |
-|                     | attempt (the next one), rung                                              |
-| gave_up             | reason, cause, mem_fraction_static                                        |
-| headroom_low        | avail_mem_gb, threshold_gb, rank, action ("step_down"|"warn"),            |
-|                     | mem_fraction_static, next_mem_fraction_static                             |
-| gpu_memory_stuck    | gpus [{index, uuid, free_bytes, total_bytes}], timeout_s                  |
-| gpu_sample          | gpus [{index, uuid, total_bytes, free_bytes, used_bytes}] (not logged     |
-|                     | at info: it comes every [gpu] interval_s)                                 |
-| gpu_low_free        | index, uuid, free_bytes, threshold_bytes (once per episode)               |
-| gpu_probe_error     | error, degraded (bool)                                                    |
-| probe               | ok, duration_s, status (HTTP code or None), error (not logged at info)    |
-| preflight_failed    | checks [{name, ok, detail}], permanent                                    |
-| foreign_gpu_process | pid, gpu, used_bytes, name                                                |
-| server_stopped      | reason, exit_code, signal                                                 |
-| server_down         | pid, title ("main" or sglang::...), how, phase, mem_fraction_static: the   |
-|                     | moment a process of the server's tree is seen dead (before the diagnosis) |
-| port_in_use         | port, holders [{pid, name, cmdline, reason}]: not ours, so never killed   |
-|                     | unless [gpu] kill_foreign                                                 |
-| fraction_learned    | mem_fraction_static, source (SGLang chose it; read from its server_args)  |
-| daemon_failed       | task, error, exit_code (an internal task failed: the server is stopped,  |
-|                     | the daemon exits non-zero and systemd restarts it)                        |
-| restart_requested   | reason (an operator's planned restart: drained, not counted as a crash)   |
-| config_reloaded     | ok, error                                                                 |
-| daemon_stopping     | reason                                                                    |
-| preflight_retry     | cause, detail, delay_s (a retryable preflight/GPU failure, on backoff)    |
-| stable              | after_s (READY long enough: the backoff streak is reset)                  |
-| orphans_killed      | pids, titles, reasons (stale servers of ours cleared before a launch)     |
-| state_write_failed  | error (once per episode; supervision goes on with state in memory)        |
-| server_log_write_failed | error (once per episode; the in-memory tail still feeds diagnosis)    |
+A class says what it is for: ``kind`` (its name in logs and metrics), ``alert`` (the MQTT
+event kind, topic ``.../event/{alert}``, or None) with its ``severity``, and ``quiet`` (too
+frequent for the info log). Adding an alert kind is one class here and one wording function
+in ``supervisor/sinks/alerts.py`` (``WORDING``); ``tests/test_events.py`` holds both to it.
 
 Log-only lines (not events): daemon_refused, server_stopping, metrics_listening,
 metrics_unavailable, task_failed, sink_failed, state_corrupt, state_unreadable.
@@ -56,27 +21,444 @@ metrics_unavailable, task_failed, sink_failed, state_corrupt, state_unreadable.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import types
+import typing
 from collections.abc import Mapping
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
 
-ALERT_KINDS: dict[str, str] = {
-    # daemon event -> MQTT event kind (topic .../event/{kind})
-    "crash": "crash",
-    "restart_scheduled": "restart",
-    "recovered": "recovered",
-    "gave_up": "gave_up",
-    "headroom_low": "headroom_low",
-    "gpu_memory_stuck": "gpu_memory_stuck",
-    "server_down": "down",  # noticed at once; the "crash" alert with its cause follows
-    "port_in_use": "port_in_use",  # a process that is not ours holds the server's port
-    "daemon_failed": "daemon_failed",  # a task of the daemon failed: it stops its server and exits 1
-}
+from supervisor.core.model import Cause, Phase, Remedy, State
 
-# Events too frequent for the info log (they still reach metrics).
-QUIET_EVENTS = frozenset({"probe", "gpu_sample"})
+Json = dict[str, Any]  # a nested JSON-able record (a GPU reading, a check, a port holder...)
+
+EVENTS: dict[str, type[Event]] = {}
+"""Every event class by its ``kind``."""
+
+
+def _edge(value: object) -> object:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple | list):
+        return [_edge(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _edge(v) for k, v in value.items()}
+    return value
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """One thing that happened. Subclasses add typed fields; construct them by keyword."""
+
+    kind: ClassVar[str] = ""
+    alert: ClassVar[str | None] = None  # the MQTT event kind, or None: not an alert
+    severity: ClassVar[str] = ""  # info | warning | critical (alerts only)
+    quiet: ClassVar[bool] = False  # too frequent for the info log (metrics still see it)
+
+    host: str = ""  # stamped by the daemon
+    instance: str = ""
+
+    def __init_subclass__(cls) -> None:
+        # (no super() call: slots=True rebuilds the class, and the zero-argument form would
+        # see the class it replaced; object's hook does nothing)
+        if cls.kind:
+            if cls.kind in EVENTS and EVENTS[cls.kind].__qualname__ != cls.__qualname__:
+                raise TypeError(f"event kind {cls.kind!r} defined twice")
+            EVENTS[cls.kind] = cls
+
+    def fields(self) -> Json:
+        """The edge form: JSON-able, enums as strings, ``from_`` as ``from``; without the
+        stamp when it is empty."""
+        out: Json = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("host", "instance") and not value:
+                continue
+            out[f.name.rstrip("_")] = _edge(value)
+        return out
+
+
+def _parse(hint: object, value: object) -> object:
+    """An edge value back to the field's type (enums, tuples); others as they are."""
+    if value is None:
+        return None
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        for arm in typing.get_args(hint):
+            if arm is type(None):
+                continue
+            return _parse(arm, value)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return hint(value)
+    if origin is tuple and isinstance(value, list | tuple):
+        (item, *_rest) = typing.get_args(hint) or (object,)
+        return tuple(_parse(item, v) for v in value)
+    return value
+
+
+def from_fields(kind: str, fields: Mapping[str, Any]) -> Event:
+    """The typed event for an edge form (``fields()``'s inverse). An unknown kind or field
+    raises ``ValueError``."""
+    cls = EVENTS.get(kind)
+    if cls is None:
+        raise ValueError(f"unknown event kind {kind!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name.rstrip("_"): f.name for f in dataclasses.fields(cls)}
+    unknown = set(fields) - set(names)
+    if unknown:
+        raise ValueError(f"{kind}: unknown field(s) {sorted(unknown)}")
+    values: dict[str, Any] = {names[k]: _parse(hints[names[k]], v) for k, v in fields.items()}
+    return cls(**values)
 
 
 class EventSink(Protocol):
     """Receives every event. Must not block and must not raise."""
 
-    def emit(self, event: str, fields: Mapping[str, Any]) -> None: ...
+    def emit(self, event: Event) -> None: ...
+
+
+def alert_kinds() -> dict[str, str]:
+    """Daemon event kind -> MQTT event kind, for every alerting event."""
+    return {k: cls.alert for k, cls in EVENTS.items() if cls.alert}
+
+
+def quiet_events() -> frozenset[str]:
+    return frozenset(k for k, cls in EVENTS.items() if cls.quiet)
+
+
+# --- the daemon's life ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DaemonStarted(Event):
+    kind = "daemon_started"
+    version: str
+    config: str
+    pid: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DaemonStopping(Event):
+    kind = "daemon_stopping"
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DaemonFailed(Event):
+    """A task of the daemon failed: it stops its server and exits non-zero for systemd."""
+
+    kind = "daemon_failed"
+    alert = "daemon_failed"
+    severity = "critical"
+    task: str
+    error: str
+    exit_code: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConfigReloaded(Event):
+    kind = "config_reloaded"
+    ok: bool
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RestartRequested(Event):
+    """An operator's planned restart: drained, not counted as a crash."""
+
+    kind = "restart_requested"
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateWriteFailed(Event):
+    """Once per episode; supervision goes on with the state in memory."""
+
+    kind = "state_write_failed"
+    error: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerLogWriteFailed(Event):
+    """Once per episode; the in-memory tail still feeds the diagnosis."""
+
+    kind = "server_log_write_failed"
+    error: str
+
+
+# --- the state machine -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateChanged(Event):
+    kind = "state_changed"
+    from_: State
+    to: State
+    reason: str
+    mem_fraction_static: float | None
+    hicache_size_gb: float | None
+    restarts: int
+    last_cause: Cause | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerLaunched(Event):
+    kind = "launch"
+    argv: tuple[str, ...]
+    mem_fraction_static: float | None
+    hicache_size_gb: float | None
+    attempt: int
+    pid: int
+    rung: int | None
+    launch_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerReady(Event):
+    kind = "server_ready"
+    startup_s: float
+    mem_fraction_static: float | None
+    hicache_size_gb: float | None
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Recovered(Event):
+    """Serving again after a crash."""
+
+    kind = "recovered"
+    alert = "recovered"
+    severity = "info"
+    startup_s: float
+    mem_fraction_static: float | None
+    hicache_size_gb: float | None
+    attempt: int
+    cause: Cause
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartupFactsEvent(Event):
+    kind = "startup_facts"
+    ranks: dict[str, Json]
+    avail_mem_after_capture_gb: float | None
+    max_total_num_tokens: int | None
+    kv_cache_tokens: int | None
+    progress: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FractionLearned(Event):
+    """SGLang chose the fraction (none was configured): read from its server_args."""
+
+    kind = "fraction_learned"
+    mem_fraction_static: float
+    source: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerDown(Event):
+    """A process of the server's tree is seen dead, before the diagnosis."""
+
+    kind = "server_down"
+    alert = "down"
+    severity = "warning"
+    pid: int | None
+    title: str  # "main" or sglang::...
+    how: str
+    phase: Phase
+    mem_fraction_static: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Crash(Event):
+    kind = "crash"
+    alert = "crash"
+    severity = "warning"
+    cause: Cause
+    remedy: Remedy
+    phase: Phase
+    exit_code: int | None
+    signal: int | None
+    evidence: tuple[str, ...]
+    evidence_lineno: int | None
+    location: str | None
+    rank: str | None
+    exc_type: str | None
+    exc_message: str | None
+    mem_fraction_static: float | None
+    hicache_size_gb: float | None
+    attempt: int
+    next_mem_fraction_static: float | None
+    next_hicache_size_gb: float | None
+    next_retry_s: float | None  # None: giving up
+    consecutive_failures: int
+    certain: bool = True
+    phase_source: str = ""
+    runner_up: Cause | None = None
+    min_fraction: float | None = None
+    part_died: str | None = None
+    log_cause: Cause | None = None  # on a hang or a requested restart, what the log said
+    log_evidence: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RestartScheduled(Event):
+    kind = "restart_scheduled"
+    alert = "restart"
+    severity = "info"
+    delay_s: float
+    cause: Cause
+    mem_fraction_static: float | None  # the next one
+    hicache_size_gb: float | None
+    attempt: int  # the next one
+    rung: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GaveUp(Event):
+    kind = "gave_up"
+    alert = "gave_up"
+    severity = "critical"
+    reason: str
+    cause: Cause | None
+    mem_fraction_static: float | None
+    restarts: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeadroomLow(Event):
+    kind = "headroom_low"
+    alert = "headroom_low"
+    severity = "warning"
+    avail_mem_gb: float
+    threshold_gb: float
+    rank: str
+    action: str  # step_down | warn
+    mem_fraction_static: float | None
+    next_mem_fraction_static: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PreflightRetry(Event):
+    """A retryable preflight/GPU failure, on backoff."""
+
+    kind = "preflight_retry"
+    cause: Cause
+    detail: str
+    delay_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stable(Event):
+    """READY long enough: the backoff streak is reset."""
+
+    kind = "stable"
+    after_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerStopped(Event):
+    kind = "server_stopped"
+    reason: str
+    exit_code: int | None
+    signal: int | None
+
+
+# --- before a launch -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PreflightFailed(Event):
+    kind = "preflight_failed"
+    checks: tuple[Json, ...]  # {name, ok, detail}
+    permanent: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ForeignGpuProcess(Event):
+    kind = "foreign_gpu_process"
+    pid: int
+    name: str
+    cmdline: str
+    reason: str
+    gpu: int | None
+    used_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PortInUse(Event):
+    """A process that is not ours holds the server's port: reported, never killed unless
+    ``[gpu] kill_foreign``."""
+
+    kind = "port_in_use"
+    alert = "port_in_use"
+    severity = "warning"
+    port: int
+    holders: tuple[Json, ...]  # {pid, name, cmdline, reason}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OrphansKilled(Event):
+    """Stale servers of ours cleared before a launch."""
+
+    kind = "orphans_killed"
+    pids: tuple[int, ...]
+    titles: tuple[str, ...]
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuMemoryStuck(Event):
+    kind = "gpu_memory_stuck"
+    alert = "gpu_memory_stuck"
+    severity = "critical"
+    gpus: tuple[Json, ...]  # {index, uuid, free_bytes, total_bytes}
+    timeout_s: float
+
+
+# --- while serving ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProbeAnswered(Event):
+    kind = "probe"
+    quiet = True
+    ok: bool
+    duration_s: float
+    status: int | None  # the HTTP code
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuSample(Event):
+    """Every ``[gpu] interval_s``."""
+
+    kind = "gpu_sample"
+    quiet = True
+    gpus: tuple[Json, ...]  # {index, uuid, total_bytes, free_bytes, used_bytes}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuLowFree(Event):
+    """Once per episode."""
+
+    kind = "gpu_low_free"
+    index: int
+    uuid: str
+    free_bytes: int
+    threshold_bytes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuProbeFailed(Event):
+    """The GPU probe failed (``error``), or works again (``error`` None, not degraded)."""
+
+    kind = "gpu_probe_error"
+    error: str | None
+    degraded: bool
+    lost: bool = False
+
+
+ALERT_KINDS: dict[str, str] = alert_kinds()
+QUIET_EVENTS: frozenset[str] = quiet_events()

@@ -11,9 +11,10 @@ import dataclasses
 import enum
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from supervisor.core import events as ev
 from supervisor.core import policy
 from supervisor.core.config import Config
 from supervisor.core.model import Cause, Diagnosis, ExitStatus, Phase, Remedy, StartupFacts, State
@@ -305,8 +306,9 @@ class CancelTimer:
 
 @dataclass(frozen=True, slots=True)
 class Emit:
-    event: str
-    fields: dict[str, Any] = field(default_factory=dict)
+    """Hand ``event`` to every sink (the daemon stamps its host and instance)."""
+
+    event: ev.Event
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,16 +373,16 @@ def _transition(core: Core, to: State, reason: str, **changes: Any) -> tuple[Cor
     new = replace(core, state=to, reason=reason, **changes)
     if to is core.state:
         return new, [Persist()]
-    fields = {
-        "from": str(core.state),
-        "to": str(to),
-        "reason": reason,
-        "mem_fraction_static": new.learned.fraction,
-        "hicache_size_gb": new.learned.hicache_size_gb,
-        "restarts": new.learned.restarts,
-        "last_cause": None if new.last_cause is None else str(new.last_cause),
-    }
-    return new, [Persist(), Emit("state_changed", fields)]
+    changed = ev.StateChanged(
+        from_=core.state,
+        to=to,
+        reason=reason,
+        mem_fraction_static=new.learned.fraction,
+        hicache_size_gb=new.learned.hicache_size_gb,
+        restarts=new.learned.restarts,
+        last_cause=new.last_cause,
+    )
+    return new, [Persist(), Emit(changed)]
 
 
 def _launch(core: Core, ctx: Ctx, reason: str) -> tuple[Core, list[Action]]:
@@ -428,11 +430,8 @@ def _give_up(core: Core, reason: str, cause: Cause | None) -> tuple[Core, list[A
     return new, [
         *_cancel_run_timers(),
         *actions,
-        Emit(
-            "gave_up",
-            {"reason": reason, "cause": None if cause is None else str(cause),
-             "mem_fraction_static": new.learned.fraction, "restarts": new.learned.restarts},
-        ),
+        Emit(ev.GaveUp(reason=reason, cause=cause, mem_fraction_static=new.learned.fraction,
+                       restarts=new.learned.restarts)),
     ]
 
 
@@ -502,37 +501,34 @@ def _after_failure(
         recovering_from=cause,
         pid=None,
     )
-    crash_event = Emit(
-        "crash",
-        {
-            "cause": str(cause),
-            "remedy": str(diagnosis.remedy),
-            "phase": str(diagnosis.phase),
-            "exit_code": status.code if status else None,
-            "signal": status.signal if status else None,
-            "evidence": list(diagnosis.evidence),
-            "evidence_lineno": diagnosis.evidence_lineno,
-            "location": diagnosis.location,
-            "rank": diagnosis.rank,
-            "exc_type": diagnosis.exc_type,
-            "exc_message": diagnosis.exc_message,
-            "mem_fraction_static": record.fraction,
-            "hicache_size_gb": prev_hicache,
-            "attempt": core.attempt,
-            "next_mem_fraction_static": record.next_fraction,
-            "next_hicache_size_gb": None if decision.give_up else decision.hicache_size_gb,
-            "next_retry_s": None if decision.give_up else round(decision.delay_s, 3),
-            "consecutive_failures": failures,
-            "certain": diagnosis.certain,
-            "phase_source": diagnosis.phase_source,
-            "runner_up": None if diagnosis.runner_up is None else str(diagnosis.runner_up),
-            "min_fraction": diagnosis.min_fraction,
-            "part_died": core.part_died or None,
-            # On a hang or a restart we asked for, what the server's own log said is kept.
-            "log_cause": None if log_diagnosis is None else str(log_diagnosis.cause),
-            "log_evidence": [] if log_diagnosis is None else list(log_diagnosis.evidence),
-        },
-    )
+    crash_event = Emit(ev.Crash(
+        cause=cause,
+        remedy=diagnosis.remedy,
+        phase=diagnosis.phase,
+        exit_code=status.code if status else None,
+        signal=status.signal if status else None,
+        evidence=tuple(diagnosis.evidence),
+        evidence_lineno=diagnosis.evidence_lineno,
+        location=diagnosis.location,
+        rank=diagnosis.rank,
+        exc_type=diagnosis.exc_type,
+        exc_message=diagnosis.exc_message,
+        mem_fraction_static=record.fraction,
+        hicache_size_gb=prev_hicache,
+        attempt=core.attempt,
+        next_mem_fraction_static=record.next_fraction,
+        next_hicache_size_gb=None if decision.give_up else decision.hicache_size_gb,
+        next_retry_s=None if decision.give_up else round(decision.delay_s, 3),
+        consecutive_failures=failures,
+        certain=diagnosis.certain,
+        phase_source=diagnosis.phase_source,
+        runner_up=diagnosis.runner_up,
+        min_fraction=diagnosis.min_fraction,
+        part_died=core.part_died or None,
+        # On a hang or a restart we asked for, what the server's own log said is kept.
+        log_cause=None if log_diagnosis is None else log_diagnosis.cause,
+        log_evidence=() if log_diagnosis is None else tuple(log_diagnosis.evidence),
+    ))
     crash_events: list[Action] = [crash_event] if counted else []
     if decision.give_up:
         new, actions = _give_up(core, decision.reason, cause)
@@ -543,17 +539,14 @@ def _after_failure(
         *crash_events,
         *_cancel_run_timers(),
         *actions,
-        Emit(
-            "restart_scheduled",
-            {
-                "delay_s": round(decision.delay_s, 3),
-                "cause": str(cause),
-                "mem_fraction_static": decision.fraction,
-                "hicache_size_gb": decision.hicache_size_gb,
-                "attempt": core.attempt + 1,
-                "rung": policy.rung_of(decision.fraction, cfg.policy.fraction_ladder),
-            },
-        ),
+        Emit(ev.RestartScheduled(
+            delay_s=round(decision.delay_s, 3),
+            cause=cause,
+            mem_fraction_static=decision.fraction,
+            hicache_size_gb=decision.hicache_size_gb,
+            attempt=core.attempt + 1,
+            rung=policy.rung_of(decision.fraction, cfg.policy.fraction_ladder),
+        )),
         SetTimer(Timer.BACKOFF, decision.delay_s),
     ]
 
@@ -587,17 +580,14 @@ def _check_headroom(core: Core, ctx: Ctx, facts: StartupFacts) -> tuple[Core, li
     lower = policy.fraction_below(core.learned.fraction, ctx.cfg.policy.fraction_ladder)
     step_down = gpu.headroom_action == "step_down" and lower is not None
     core = replace(core, headroom_checked=True)
-    alert = Emit(
-        "headroom_low",
-        {
-            "avail_mem_gb": avail,
-            "threshold_gb": gpu.headroom_min_gb,
-            "rank": rank,
-            "action": "step_down" if step_down else "warn",
-            "mem_fraction_static": core.learned.fraction,
-            "next_mem_fraction_static": lower if step_down else None,
-        },
-    )
+    alert = Emit(ev.HeadroomLow(
+        avail_mem_gb=avail,
+        threshold_gb=gpu.headroom_min_gb,
+        rank=rank,
+        action="step_down" if step_down else "warn",
+        mem_fraction_static=core.learned.fraction,
+        next_mem_fraction_static=lower if step_down else None,
+    ))
     if not step_down:
         return core, [alert]
     detail = (
@@ -616,17 +606,20 @@ def _ready(core: Core, ctx: Ctx) -> tuple[Core, list[Action]]:
         core, State.READY, "health probe answered 200", ready_at=ctx.now, probe_failures=0,
         recovering_from=None,
     )
-    fields = {
-        "startup_s": round(startup_s, 3),
-        "mem_fraction_static": core.learned.fraction,
-        "hicache_size_gb": core.learned.hicache_size_gb,
-        "attempt": core.attempt,
-    }
-    out: list[Action] = [CancelTimer(Timer.STARTUP), *actions, Emit("server_ready", fields)]
+    ready = ev.ServerReady(
+        startup_s=round(startup_s, 3),
+        mem_fraction_static=core.learned.fraction,
+        hicache_size_gb=core.learned.hicache_size_gb,
+        attempt=core.attempt,
+    )
+    out: list[Action] = [CancelTimer(Timer.STARTUP), *actions, Emit(ready)]
     if core.facts is not None:
-        out.append(Emit("startup_facts", facts_fields(core.facts)))
+        out.append(Emit(facts_event(core.facts)))
     if core.recovering_from:
-        out.append(Emit("recovered", {**fields, "cause": str(core.recovering_from)}))
+        out.append(Emit(ev.Recovered(
+            startup_s=ready.startup_s, mem_fraction_static=ready.mem_fraction_static,
+            hicache_size_gb=ready.hicache_size_gb, attempt=ready.attempt, cause=core.recovering_from,
+        )))
     out += [
         SetTimer(Timer.PROBE, ctx.cfg.health.interval_s),
         SetTimer(Timer.STABLE, ctx.cfg.policy.stable_after_s),
@@ -634,14 +627,14 @@ def _ready(core: Core, ctx: Ctx) -> tuple[Core, list[Action]]:
     return new, out
 
 
-def facts_fields(facts: StartupFacts) -> dict[str, Any]:
-    return {
-        "ranks": {k: dataclasses.asdict(v) for k, v in facts.ranks.items()},
-        "avail_mem_after_capture_gb": facts.avail_mem_after_capture_gb,
-        "max_total_num_tokens": facts.max_total_num_tokens,
-        "kv_cache_tokens": facts.kv_cache_tokens,
-        "progress": facts.progress,
-    }
+def facts_event(facts: StartupFacts) -> ev.StartupFactsEvent:
+    return ev.StartupFactsEvent(
+        ranks={k: dataclasses.asdict(v) for k, v in facts.ranks.items()},
+        avail_mem_after_capture_gb=facts.avail_mem_after_capture_gb,
+        max_total_num_tokens=facts.max_total_num_tokens,
+        kv_cache_tokens=facts.kv_cache_tokens,
+        progress=facts.progress,
+    )
 
 
 def step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
@@ -674,7 +667,7 @@ def step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
             )
             return new, [
                 *actions,
-                Emit("preflight_retry", {"cause": str(cause), "detail": detail, "delay_s": delay}),
+                Emit(ev.PreflightRetry(cause=cause, detail=detail, delay_s=delay)),
                 SetTimer(Timer.BACKOFF, delay),
             ]
 
@@ -721,8 +714,8 @@ def step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
                 core = replace(core, learned=replace(core.learned, fraction=facts.mem_fraction_static))
                 learned_now = [
                     Persist(),
-                    Emit("fraction_learned", {"mem_fraction_static": facts.mem_fraction_static,
-                                              "source": "sglang server_args"}),
+                    Emit(ev.FractionLearned(mem_fraction_static=facts.mem_fraction_static,
+                                            source="sglang server_args")),
                 ]
             new, actions = _check_headroom(replace(core, facts=facts), ctx, facts)
             return new, [*learned_now, *actions]
@@ -744,7 +737,7 @@ def step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
             return _stop_to_relaunch(core, ctx, Cause.STARTUP_TIMEOUT, why, cfg.server.stop_grace_s)
 
         case TimerFired(name=Timer.STABLE) if s is State.READY:
-            return replace(core, failures=0), [Emit("stable", {"after_s": cfg.policy.stable_after_s})]
+            return replace(core, failures=0), [Emit(ev.Stable(after_s=cfg.policy.stable_after_s))]
 
         case TimerFired(name=Timer.BACKOFF) if s is State.BACKOFF:
             # BACKOFF -> PREPARING
@@ -753,8 +746,8 @@ def step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
         case ServerDied(status=status) if s in (State.STARTING, State.READY):
             # STARTING/READY -> EXITED: noticed at once; the diagnosis comes next
             new, actions = _transition(core, State.EXITED, f"server {status.describe()}", pid=None)
-            down = Emit("server_down", {"pid": core.pid, "title": "main", "how": status.describe(),
-                                        "phase": str(core.phase), "mem_fraction_static": core.learned.fraction})
+            down = Emit(ev.ServerDown(pid=core.pid, title="main", how=status.describe(), phase=core.phase,
+                                      mem_fraction_static=core.learned.fraction))
             return new, [*_cancel_run_timers(), *actions, down]
 
         case PartDied(pid=pid, title=title) if s in (State.STARTING, State.READY):
@@ -763,8 +756,8 @@ def step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
             # by the stop grace period, and the diagnosis reads its log afterwards.
             part = f"{title} (pid {pid})"
             new, actions = _transition(core, State.EXITED, f"{part} died", part_died=part)
-            down = Emit("server_down", {"pid": pid, "title": title, "how": "process of the server died",
-                                        "phase": str(core.phase), "mem_fraction_static": core.learned.fraction})
+            down = Emit(ev.ServerDown(pid=pid, title=title, how="process of the server died", phase=core.phase,
+                                      mem_fraction_static=core.learned.fraction))
             return new, [
                 *_cancel_run_timers(), *actions, down,
                 StopServer(cfg.server.stop_grace_s, f"{part} died", StopMode.AWAIT),
@@ -795,8 +788,7 @@ def step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
             new, actions = _transition(core, State.STOPPED, core.reason, pid=None)
             return new, [
                 *actions,
-                Emit("server_stopped", {"reason": core.reason, "exit_code": status.code,
-                                        "signal": status.signal}),
+                Emit(ev.ServerStopped(reason=core.reason, exit_code=status.code, signal=status.signal)),
                 Exit(0),
             ]
 

@@ -18,11 +18,12 @@ import dataclasses
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from supervisor.core.config import Config, load_config
+from supervisor.core.events import Event
 
 if TYPE_CHECKING:  # loadgen (aiohttp) is imported only when the demo runs
     from supervisor.sim.loadgen import LoadResult
@@ -58,8 +59,8 @@ class Timeline:
     def _say(self, text: str) -> None:
         print(f"[{time.monotonic() - self.start:6.1f}s] {text}", file=self.out, flush=True)
 
-    def emit(self, event: str, fields: Mapping[str, Any]) -> None:
-        f = dict(fields)
+    def emit(self, typed: Event) -> None:
+        event, f = typed.kind, typed.fields()
         self.events.append((event, f))
         if event == "launch":
             self.fraction = f["mem_fraction_static"]

@@ -46,7 +46,7 @@ from aiomqtt.exceptions import MqttConnectError
 from structlog.typing import FilteringBoundLogger
 
 from supervisor.core.config import Config, MqttConfig
-from supervisor.core.events import ALERT_KINDS
+from supervisor.core.events import ALERT_KINDS, EVENTS, Event
 from supervisor.core.model import Cause
 from supervisor.core.policy import exponential_backoff
 
@@ -54,16 +54,9 @@ T = TypeVar("T")
 
 SCHEMA_VERSION = 1
 DRILL = "drill"
+# alert kind -> severity: each alerting event class says its own (supervisor/core/events.py)
 SEVERITY: dict[str, str] = {
-    "crash": "warning",
-    "restart": "info",
-    "recovered": "info",
-    "gave_up": "critical",
-    "headroom_low": "warning",
-    "gpu_memory_stuck": "critical",
-    "down": "warning",
-    "port_in_use": "warning",
-    "daemon_failed": "critical",
+    **{cls.alert: cls.severity for cls in EVENTS.values() if cls.alert},
     DRILL: "info",
 }
 TRUNCATION_MARKER = "\n... [truncated {n} chars]"
@@ -197,57 +190,96 @@ def _gb(value: object) -> str:
     return f"{value:.1f} GB" if isinstance(value, float | int) else "? GB"
 
 
+Wording = Callable[[Callable[..., Any], str, str, "Context"], str]
+"""(the event's field getter, who ("sglang NAME on HOST"), host, context) -> the sentence."""
+
+
+def _crash(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
+    unsure = " (probably; the log is not conclusive)" if f("certain") is False else ""
+    sentence = f"{who} died of {_died_of(f('cause'), f('phase'))}{unsure} at {_fraction(f('mem_fraction_static'))}; "
+    if f("next_retry_s") is None:
+        return sentence + "not restarting; needs a human"
+    sentence += f"restarting at {_fraction(f('next_mem_fraction_static', f('mem_fraction_static')))}"
+    if f("next_hicache_size_gb") not in (None, f("hicache_size_gb")):
+        sentence += f" with --hicache-size {f('next_hicache_size_gb')}"
+    return sentence + f" in {_seconds(f('next_retry_s'))}"
+
+
+def _restart(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
+    return (f"{who} restarting at {_fraction(f('mem_fraction_static'))} in {_seconds(f('delay_s'))} "
+            f"(attempt {f('attempt')}) after {_died_of(f('cause'), None)}")
+
+
+def _recovered(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
+    return (f"{who} is serving again at {_fraction(f('mem_fraction_static'))} after "
+            f"{_died_of(f('cause'), None)} (attempt {f('attempt')}, startup took {_seconds(f('startup_s'))})")
+
+
+def _gave_up(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
+    crashes = f("crashes") or f("consecutive_failures") or context.crashes
+    after = f" after {crashes} crash{'es' if crashes != 1 else ''}" if crashes else ""
+    return f"{who} gave up{after}: {f('reason') or _cause_words(f('cause'))}; needs a human"
+
+
+def _headroom_low(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
+    sentence = (f"{who} has only {_gb(f('avail_mem_gb'))} of GPU headroom on {f('rank') or 'a rank'} "
+                f"at {_fraction(f('mem_fraction_static'))} (wants {_gb(f('threshold_gb'))}); ")
+    if f("action") == "step_down":
+        return sentence + f"restarting at {_fraction(f('next_mem_fraction_static'))} before it OOMs"
+    return sentence + "lower --mem-fraction-static before the next burst OOMs it"
+
+
+def _gpu_memory_stuck(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
+    gpus = ", ".join(
+        f"GPU {g.get('index')}: {_gb((g.get('free_bytes') or 0) / 1e9)} of {_gb((g.get('total_bytes') or 0) / 1e9)} free"
+        for g in (f("gpus") or []) if isinstance(g, Mapping)
+    )
+    return (f"GPU memory on {host} was still in use {_seconds(f('timeout_s'))} after {who.rsplit(' on ', 1)[0]} "
+            f"stopped ({gpus or 'no details'}); kill what holds it or reset the GPU")
+
+
+def _down(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
+    part = f("title") if f("title") not in (None, "main") else "its main process"
+    return (f"{who} is down: {part} (pid {f('pid')}) died while {f('phase') or 'running'}; "
+            "reading its log, the cause and the restart follow")
+
+
+def _port_in_use(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
+    holders = ", ".join(f"pid {h.get('pid')} {h.get('name') or '?'}" for h in (f("holders") or [])
+                        if isinstance(h, Mapping))
+    return (f"{who} cannot start: port {f('port')} is held by a process it did not start "
+            f"({holders or 'unknown'}); it is left alone, retrying - stop it or change the port")
+
+
+def _daemon_failed(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
+    return (f"the supervisor of {who} failed ({f('task')}: {f('error')}); it stopped "
+            "its server and exits for systemd to restart it")
+
+
+def _drill(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
+    return f"Drill from {who}: the alert path works; no action needed"
+
+
+WORDING: dict[str, Wording] = {
+    # MQTT alert kind (an event class's ``alert``) -> its one sentence
+    "crash": _crash,
+    "restart": _restart,
+    "recovered": _recovered,
+    "gave_up": _gave_up,
+    "headroom_low": _headroom_low,
+    "gpu_memory_stuck": _gpu_memory_stuck,
+    "down": _down,
+    "port_in_use": _port_in_use,
+    "daemon_failed": _daemon_failed,
+    DRILL: _drill,
+}
+
+
 def describe(kind: str, fields: Mapping[str, Any], *, host: str, instance: str, context: Context) -> str:
     """One sentence a person woken at 3 a.m. can act on."""
     who = f"sglang {instance} on {host}"
-    f = fields.get
-    if kind == "crash":
-        unsure = " (probably; the log is not conclusive)" if f("certain") is False else ""
-        sentence = f"{who} died of {_died_of(f('cause'), f('phase'))}{unsure} at {_fraction(f('mem_fraction_static'))}; "
-        if f("next_retry_s") is None:
-            return sentence + "not restarting; needs a human"
-        sentence += f"restarting at {_fraction(f('next_mem_fraction_static', f('mem_fraction_static')))}"
-        if f("next_hicache_size_gb") not in (None, f("hicache_size_gb")):
-            sentence += f" with --hicache-size {f('next_hicache_size_gb')}"
-        return sentence + f" in {_seconds(f('next_retry_s'))}"
-    if kind == "restart":
-        return (f"{who} restarting at {_fraction(f('mem_fraction_static'))} in {_seconds(f('delay_s'))} "
-                f"(attempt {f('attempt')}) after {_died_of(f('cause'), None)}")
-    if kind == "recovered":
-        return (f"{who} is serving again at {_fraction(f('mem_fraction_static'))} after "
-                f"{_died_of(f('cause'), None)} (attempt {f('attempt')}, startup took {_seconds(f('startup_s'))})")
-    if kind == "gave_up":
-        crashes = f("crashes") or f("consecutive_failures") or context.crashes
-        after = f" after {crashes} crash{'es' if crashes != 1 else ''}" if crashes else ""
-        return f"{who} gave up{after}: {f('reason') or _cause_words(f('cause'))}; needs a human"
-    if kind == "headroom_low":
-        sentence = (f"{who} has only {_gb(f('avail_mem_gb'))} of GPU headroom on {f('rank') or 'a rank'} "
-                    f"at {_fraction(f('mem_fraction_static'))} (wants {_gb(f('threshold_gb'))}); ")
-        if f("action") == "step_down":
-            return sentence + f"restarting at {_fraction(f('next_mem_fraction_static'))} before it OOMs"
-        return sentence + "lower --mem-fraction-static before the next burst OOMs it"
-    if kind == "gpu_memory_stuck":
-        gpus = ", ".join(
-            f"GPU {g.get('index')}: {_gb((g.get('free_bytes') or 0) / 1e9)} of {_gb((g.get('total_bytes') or 0) / 1e9)} free"
-            for g in (f("gpus") or []) if isinstance(g, Mapping)
-        )
-        return (f"GPU memory on {host} was still in use {_seconds(f('timeout_s'))} after sglang {instance} "
-                f"stopped ({gpus or 'no details'}); kill what holds it or reset the GPU")
-    if kind == "down":
-        part = f("title") if f("title") not in (None, "main") else "its main process"
-        return (f"{who} is down: {part} (pid {f('pid')}) died while {f('phase') or 'running'}; "
-                "reading its log, the cause and the restart follow")
-    if kind == "port_in_use":
-        holders = ", ".join(f"pid {h.get('pid')} {h.get('name') or '?'}" for h in (f("holders") or [])
-                            if isinstance(h, Mapping))
-        return (f"{who} cannot start: port {f('port')} is held by a process it did not start "
-                f"({holders or 'unknown'}); it is left alone, retrying - stop it or change the port")
-    if kind == "daemon_failed":
-        return (f"the supervisor of sglang {instance} on {host} failed ({f('task')}: {f('error')}); it stopped "
-                "its server and exits for systemd to restart it")
-    if kind == DRILL:
-        return f"Drill from {who}: the alert path works; no action needed"
-    return f"{who}: {kind}"
+    wording = WORDING.get(kind)
+    return wording(fields.get, who, host, context) if wording else f"{who}: {kind}"
 
 
 def _before_after(kind: str, fields: Mapping[str, Any], context: Context) -> tuple[object, object]:
@@ -546,13 +578,13 @@ class MqttAlerter:
 
     # ---- EventSink
 
-    def emit(self, event: str, fields: Mapping[str, Any]) -> None:
+    def emit(self, event: Event) -> None:
         """Queue the alert for ``event`` (if it is one); never blocks, never raises."""
         try:
-            self._emit(event, fields)
+            self._emit(event.kind, event.fields())
         except Exception as exc:  # a sink must not raise into a restart decision
             with contextlib.suppress(Exception):
-                self._log.error("alert_emit_failed", alert_event=event, error=repr(exc))
+                self._log.error("alert_emit_failed", alert_event=event.kind, error=repr(exc))
 
     def _emit(self, event: str, fields: Mapping[str, Any]) -> None:
         now = self._clock()

@@ -9,13 +9,12 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Mapping
-from typing import IO, Any, TextIO, cast
+from typing import IO, TextIO, cast
 
 import structlog
 from structlog.typing import EventDict, FilteringBoundLogger, Processor, WrappedLogger
 
-from supervisor.core.events import QUIET_EVENTS
+from supervisor.core.events import Event
 
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 EVENT_LEVELS = {
@@ -92,12 +91,12 @@ class LogSink:
     def __init__(self, logger: FilteringBoundLogger) -> None:
         self.log = logger
 
-    def emit(self, event: str, fields: Mapping[str, Any]) -> None:
+    def emit(self, event: Event) -> None:
         try:
-            data = dict(fields)
+            data = event.fields()
             if "argv" in data:
                 data["argv"] = redact_argv(data["argv"])
-            level = "debug" if event in QUIET_EVENTS else EVENT_LEVELS.get(event, "info")
-            getattr(self.log, level)(event, **data)
+            level = "debug" if event.quiet else EVENT_LEVELS.get(event.kind, "info")
+            getattr(self.log, level)(event.kind, **data)
         except Exception:  # noqa: BLE001 - a log line must never break supervision
             pass

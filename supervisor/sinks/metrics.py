@@ -33,7 +33,7 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
 from supervisor import __version__
-from supervisor.core.events import ALERT_KINDS
+from supervisor.core.events import ALERT_KINDS, Event
 from supervisor.core.model import Cause, State
 
 PREFIX = "sglang_supervisor"
@@ -236,22 +236,26 @@ class Metrics:
 
     # -- EventSink ---------------------------------------------------------------------
 
-    def emit(self, event: str, fields: Fields) -> None:
+    def emit(self, event: Event) -> None:
         """Update the metrics an event touches; unknown events are ignored. Never raises."""
+        self._handle(event.kind, event.fields())
+
+    def _handle(self, kind: str, fields: Fields) -> None:
+        # Labels are strings: the handlers read the event's edge form.
         try:
-            if event in COUNTED_EVENTS:
-                self.events.labels(event).inc()
-            handler = self._handlers.get(event)
+            if kind in COUNTED_EVENTS:
+                self.events.labels(kind).inc()
+            handler = self._handlers.get(kind)
             if handler is not None:
                 handler(fields)
         except Exception as exc:  # a sink must never raise into a restart decision
-            log.warning("metrics_event_failed", daemon_event=event, error=repr(exc))
+            log.warning("metrics_event_failed", daemon_event=kind, error=repr(exc))
 
     def alerting_health(self, kind: str, value: object) -> None:
         """The MQTT adapter's ``on_health(kind, value)`` hook, e.g. ("alert_sent", "crash")."""
         field = ALERTING_HEALTH_FIELDS.get(kind)
         if field is not None:
-            self.emit(kind, {field: value})
+            self._handle(kind, {field: value})
 
     # -- state ---------------------------------------------------------------------------
 
