@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Check", "Cleanup", "ControlHandle", "ControlStarter", "GpuInfo", "GpuMonitorFactory", "GpuProbe",
     "GpuProbeError", "GpuProcess", "LogOpener", "Monitor", "NoneProbe", "NullNotifier", "OomKillReader",
-    "Ports", "Preflight", "ProbeOutcome", "Prober", "ProberFactory", "ProcInfo", "ProcessError",
+    "Ports", "Preflight", "ProbeOutcome", "Prober", "ProberFactory", "ProcInfo", "ProcessError", "Router", "RouterError", "RouterWorker",
     "ControlError", "ServerHandle", "ServerLog", "ServerSpawner", "StaleReport", "Store", "StoreError",
 ]
 
@@ -184,6 +184,26 @@ class ControlError(Exception):
     """The control socket cannot be served or reached; ``str()`` is one line."""
 
 
+@dataclass(frozen=True, slots=True)
+class RouterWorker:
+    """One worker as SGLang's router lists it (``GET /workers``)."""
+
+    id: str
+    url: str
+    healthy: bool
+    load: int | None = None
+
+
+class RouterError(Exception):
+    """A router call failed (refused, timed out, a non-2xx answer, bad JSON); ``str()`` is
+    one line naming the operation and the router's URL, never its token. ``status`` is the
+    HTTP status when the router answered, else None."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class ServerLog(Protocol):
     """The server's own log file (``process.RotatingLog``): written by the spawner's reader."""
 
@@ -247,6 +267,21 @@ class Preflight(Protocol):
     """The checks before a launch (the ``preflight`` module)."""
 
     async def run_preflight(self, cfg: Config, probe: GpuProbe, *, degraded_ok: bool = ...) -> list[Check]: ...
+
+
+class Router(Protocol):
+    """SGLang's router's worker API (the ``router.RouterClient`` class); raises ``RouterError``;
+    every call is bounded by the client's timeout."""
+
+    async def list_workers(self) -> list[RouterWorker]: ...
+    async def add(self, worker_url: str) -> str:
+        """Registers the worker; returns the id the router gave it. The router adds it in the
+        background: it is listed only once the router has reached it (docs/router.md)."""
+        ...
+    async def remove(self, worker_id: str) -> None:
+        """An id the router does not know counts as removed."""
+        ...
+    async def aclose(self) -> None: ...
 
 
 class Tail(Protocol):
