@@ -45,7 +45,7 @@ from supervisor.adapters.ports import (
 )
 from supervisor.core import events as ev
 from supervisor.core import machine
-from supervisor.core.config import Config, ConfigError
+from supervisor.core.config import Config, ConfigError, worker_url
 from supervisor.core.diagnosis import diagnose
 from supervisor.core.machine import (
     Boot,
@@ -69,6 +69,8 @@ from supervisor.core.machine import (
     Probe,
     ProbeResult,
     RestartRequested,
+    RouterAdd,
+    RouterRemove,
     ServerDied,
     ServerExited,
     SetTimer,
@@ -81,6 +83,7 @@ from supervisor.core.machine import (
 from supervisor.core.model import Cause, ExitStatus, State
 from supervisor.core.ownership import LAUNCH_VAR, MARK_VAR, recorded_server, server_env
 from supervisor.core.startup_facts import StartupFactsParser
+from supervisor.routing import RouterSync
 
 KERNEL_LOG_TAIL = 256 * 1024
 
@@ -163,6 +166,9 @@ class Daemon:
         self._control: ControlHandle | None = None
         self._failure: _TaskFailed | None = None  # the first background task that failed
         self._closing = False
+        self._router: RouterSync | None = None  # SGLang's router's view of the server ([router])
+        self._router_removal: asyncio.Task[None] | None = None
+        self._router_worker_id: str | None = None  # from state.json, until the router sync runs
 
     # -- the table of contents --------------------------------------------------------------
 
@@ -226,6 +232,12 @@ class Daemon:
                 task.add_done_callback(self._probe_tasks.discard)
             case StopServer(grace_s=grace, reason=reason, mode=mode):
                 self._spawn(self._stop_server(grace, reason, mode), "stop")
+            case RouterAdd():
+                if self._router is not None:
+                    self._router.want_in(worker_url(self.cfg))
+            case RouterRemove(reason=reason, at=at):
+                if self._router is not None:
+                    self._router_removal = self._spawn(self._router.take_out(reason, at), "router-remove")
             case Exit(code=code):
                 self.exit_code = code
 
@@ -246,6 +258,8 @@ class Daemon:
                 self.log.warning("sink_failed", sink=type(sink).__name__, error=repr(exc)[:200])
         if isinstance(event, ev.StateChanged):
             self._notify_status()
+        elif isinstance(event, ev.RouterRegistered | ev.RouterRemoved):
+            self._persist()  # the worker id the router gave is kept in state.json
 
     def _notify_status(self) -> None:
         core = self.core
@@ -460,9 +474,19 @@ class Daemon:
             # Nothing was running (the launch failed or had not happened): report it gone.
             self.post(ServerExited(ExitStatus(code=None), _nothing_ran()))
             return
+        await self._router_removed()
         self.log.info("server_stopping", reason=reason, grace_s=grace_s, pid=server.pid, mode=mode)
         first = {StopMode.DRAIN: signal.SIGTERM, StopMode.DUMP: signal.SIGQUIT}.get(mode)  # AWAIT: none
         await server.stop(grace_s, first)  # the watch task reports the exit
+
+    async def _router_removed(self) -> None:
+        """A stop signals the server only once the router stopped sending it requests (the
+        core put ``RouterRemove`` before ``StopServer``), or after ``[router] remove_wait_s``."""
+        removal = self._router_removal
+        if removal is None or removal.done():
+            return
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(removal), self.cfg.router.remove_wait_s)
 
     # -- state ------------------------------------------------------------------------------
 
@@ -476,6 +500,8 @@ class Daemon:
                 learned = Learned.from_dict(data["learned"]).rebased(self.cfg)
             except (KeyError, TypeError, ValueError) as exc:
                 self.log.warning("state_unreadable", detail=f"{exc!r}"[:200])
+            worker_id = data.get("router_worker_id")
+            self._router_worker_id = worker_id if isinstance(worker_id, str) else None
             recorded = recorded_server(data)
             self._recorded_pgid = recorded["recorded_pgid"]
             self._recorded_since = recorded["recorded_since"]
@@ -495,6 +521,7 @@ class Daemon:
             "server_launch": self._launch_nonce if self.server else None,
             "server_tree": [list(t) for t in self.server.tree()] if self.server else [],
             "instance_id": self.instance_id,
+            "router_worker_id": self._router.worker_id if self._router else self._router_worker_id,
             "daemon_pid": os.getpid(),
             "attempt": core.attempt,
             "updated": wall_now(),
@@ -580,6 +607,12 @@ class Daemon:
                 on_lost=lambda exc: self.post(GpuLost(str(exc))),
             )
             self._spawn(self._gpu_monitor.run(), "gpu-monitor")
+        if self.cfg.router.enabled and self.p.router is not None:
+            self._router = RouterSync(
+                self.p.router, worker_url(self.cfg), emit=self.emit, reconcile_s=self.cfg.router.reconcile_s,
+                worker_id=self._router_worker_id, rng=self.p.rng,
+            )
+            self._spawn(self._router.run(), "router")
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=name)
@@ -634,7 +667,14 @@ class Daemon:
                 await self._launch_task
         server = self.server
         if server is not None and server.returncode is None:
-            # Leaving with a live server (an internal error): never leave it behind.
+            # Leaving with a live server (an internal error): never leave it behind, and out
+            # of the router first.
+            if self._router is not None and self._router.wanted:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self._router.take_out("the daemon is leaving", asyncio.get_running_loop().time()),
+                        self.cfg.router.remove_wait_s,
+                    )
             await server.stop(self.cfg.server.stop_grace_s)
         for task in list(self._tasks):
             task.cancel()

@@ -120,3 +120,6 @@ def no_leftovers() -> Iterator[str]:
             except psutil.Error:
                 pass
         pytest.fail(f"leftover processes: {described}")
+
+
+from tests.routerlib import start_router  # noqa: E402,F401 - the real SGLang router, a fixture

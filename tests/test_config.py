@@ -479,3 +479,21 @@ def test_build_argv_prints_the_fraction_exactly(fraction: float) -> None:
     argv = _argv(fraction)
     assert float(argv[argv.index("--mem-fraction-static") + 1]) == fraction
     assert len(argv[argv.index("--mem-fraction-static") + 1]) <= 5
+
+
+def test_router_section() -> None:
+    """[router]: off by default; on it needs a URL; the worker URL defaults to the server's
+    address (a wildcard bind reached on loopback); bad values are one line."""
+    base = f"[server]\n{MODEL}\nport = 30001\nhost = '0.0.0.0'\n"
+    assert not parse(base).router.enabled
+    cfg = parse(base + "[router]\nenabled = true\nurl = 'http://127.0.0.1:30080'\n")
+    assert cfg.router.enabled and cfg.router.remove_wait_s == 5.0
+    from supervisor.core.config import worker_url
+
+    assert worker_url(cfg) == "http://127.0.0.1:30001"
+    own = parse(base + "[router]\nenabled = true\nurl = 'http://r:1'\nworker_url = 'http://10.0.0.5:30001/'\n")
+    assert worker_url(own) == "http://10.0.0.5:30001"
+    assert "[router] url = \"\": must be set when enabled = true" in rejects(base + "[router]\nenabled = true\n")
+    assert "[router] url = 'router:30080': must be the router's URL" in rejects(base + "[router]\nurl = 'router:30080'\n")
+    assert "[router] timeout_s = 0: must be seconds > 0" in rejects(base + "[router]\ntimeout_s = 0\n")
+    assert "did you mean 'token_file'" in rejects(base + "[router]\ntoken = 'secret'\n")

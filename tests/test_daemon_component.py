@@ -17,7 +17,15 @@ import pytest
 
 from supervisor.adapters.ports import Ports, ProbeOutcome, StaleReport
 from supervisor.adapters.store import StoreError
-from supervisor.core.config import Config, HealthConfig, LoggingConfig, PolicyConfig, ServerConfig, StateConfig
+from supervisor.core.config import (
+    Config,
+    HealthConfig,
+    LoggingConfig,
+    PolicyConfig,
+    RouterConfig,
+    ServerConfig,
+    StateConfig,
+)
 from supervisor.core.events import Event
 from supervisor.core.model import ExitStatus, State
 from supervisor.daemon import EXIT_DAEMON_FAILED, Daemon
@@ -231,13 +239,14 @@ def no_gpu_monitor(*args: Any, **kw: Any) -> Any:
 class Rig:
     """A Daemon on fake ports, run as a task."""
 
-    def __init__(self, tmp_path: Path, **policy: Any) -> None:
+    def __init__(self, tmp_path: Path, router: Any = None, **policy: Any) -> None:
         self.cfg = Config(
             server=ServerConfig(model_path="/models/m", stop_grace_s=1.0),
             health=HealthConfig(startup_poll_s=0.01, interval_s=0.05, timeout_s=1.0),
             policy=PolicyConfig(**{"backoff_initial_s": 0.01, "backoff_max_s": 0.02, **policy}),
             logging=LoggingConfig(memory_events="off"),
             state=StateConfig(dir=str(tmp_path)),
+            router=RouterConfig(enabled=router is not None, url="http://127.0.0.1:30080", reconcile_s=0.05),
             name="component",
         )
         self.sink = Recorder()
@@ -250,7 +259,7 @@ class Rig:
             store=self.store, sinks=[self.sink], logger=self.logger, cleanup=self.cleanup,
             preflight=FakePreflight(), spawner=self.spawner, prober=lambda url, timeout_s: self.prober,
             gpu_monitor=no_gpu_monitor, open_log=FakeLog, start_control=start_control, oom_kills=lambda path: None,
-            environ={}, host="testhost", install_signals=False,
+            environ={}, host="testhost", install_signals=False, router=router,
         )
         self.daemon = Daemon(self.cfg, ports)
         self.task: asyncio.Task[int] | None = None
@@ -450,4 +459,70 @@ async def test_a_restart_request_drains_and_relaunches_at_once(tmp_path):
         assert rig.spawner.servers[0].stopped_with == [signal.SIGTERM]
         assert not rig.sink.find("crash")
         assert rig.daemon._on_control({"cmd": "reboot"}) == {"ok": False, "error": "unknown command 'reboot'"}
+        assert await rig.stop() == 0
+
+
+# -- issue 15: the router ------------------------------------------------------------------
+
+
+class OrderedRouter:
+    """A router whose calls land in the shared ``timeline`` (removal takes a while)."""
+
+    def __init__(self, timeline: list[str]) -> None:
+        self.timeline = timeline
+        self.workers: dict[str, str] = {}
+        self.n = 0
+
+    async def list_workers(self) -> list[Any]:
+        from supervisor.adapters.ports import RouterWorker
+
+        return [RouterWorker(id=i, url=u, healthy=True) for i, u in self.workers.items()]
+
+    async def add(self, worker_url: str) -> str:
+        self.n += 1
+        self.workers[f"w{self.n}"] = worker_url
+        self.timeline.append("add")
+        return f"w{self.n}"
+
+    async def remove(self, worker_id: str) -> None:
+        await asyncio.sleep(0.05)
+        if self.workers.pop(worker_id, None) is not None:
+            self.timeline.append("remove")
+
+    async def aclose(self) -> None: ...
+
+
+async def test_the_router_sends_nothing_to_a_server_being_stopped_or_dead(tmp_path):
+    """READY: registered. A planned restart: out of the router before the SIGTERM that
+    drains it. A dead scheduler: out at once, before SGLang's teardown ends the server."""
+    async with asyncio.timeout(DEADLINE_S):
+        timeline: list[str] = []
+        router = OrderedRouter(timeline)
+        rig = Rig(tmp_path, router=router, backoff_initial_s=0.01)
+        rig.prober.default = True
+        rig.start()
+        await rig.until(lambda: "add" in timeline, "registered once READY")
+        assert list(router.workers.values()) == ["http://127.0.0.1:30000"]
+        def record_stops(server: FakeServer) -> None:
+            original_stop = server.stop
+
+            async def stop(grace_s: float, first_signal: Any = signal.SIGTERM) -> Any:
+                timeline.append(f"stop {first_signal!r}")
+                return await original_stop(grace_s, first_signal)
+
+            server.stop = stop  # type: ignore[method-assign]
+
+        record_stops(rig.spawner.servers[0])
+        rig.daemon._on_control({"cmd": "restart"})
+        await rig.until(lambda: len(rig.spawner.servers) == 2, "the relaunch")
+        assert timeline[:3] == ["add", "remove", f"stop {signal.SIGTERM!r}"], timeline
+        await rig.until(lambda: timeline.count("add") == 2, "registered again once READY")
+        second = rig.spawner.servers[1]
+        record_stops(second)
+        second.on_part_died(4343, "sglang::scheduler")  # type: ignore[misc]
+        await rig.until(lambda: "stop None" in timeline, "SGLang's teardown awaited")
+        assert timeline[-2:] == ["remove", "stop None"], timeline  # out before the teardown is awaited
+        [removed] = [r for r in rig.sink.find("router_removed") if r["reason"].startswith("sglang::scheduler")]
+        assert removed["after_s"] < 1.0
+        assert rig.store.saves[-1]["router_worker_id"] is None
         assert await rig.stop() == 0

@@ -40,6 +40,8 @@ from supervisor.core.machine import (
     Probe,
     ProbeResult,
     RestartRequested,
+    RouterAdd,
+    RouterRemove,
     ServerDied,
     ServerExited,
     SetTimer,
@@ -1085,3 +1087,82 @@ def test_kv_pool_failure_goes_up_past_the_fraction_sglang_names() -> None:
     actions = night.send(ServerExited(ExitStatus(code=1), kv), after=20.0)
     assert emitted(actions, "crash")["next_mem_fraction_static"] == 0.05
     assert launch_of(night.relaunch()).fraction == 0.05
+
+
+
+# --- issue 15: the router's view follows the server ------------------------------------------
+
+ROUTER = {"router": {"enabled": True, "url": "http://127.0.0.1:30080"}}
+
+
+def router_night() -> Night:
+    return Night(make_cfg(**ROUTER))
+
+
+def kinds(actions: list[Action]) -> list[str]:
+    return [type(a).__name__ for a in actions]
+
+
+def test_registered_once_ready() -> None:
+    night = router_night()
+    night.starting()
+    actions = night.send(ProbeResult(ok=True), after=60.0)
+    assert night.state is State.READY
+    assert of(actions, RouterAdd) == [RouterAdd()]
+    assert kinds(actions).index("RouterAdd") > kinds(actions).index("Persist")  # after the state is READY
+
+
+def test_a_dead_server_is_taken_out_first_thing() -> None:
+    """At the moment a death is noticed (main or a part), the removal is the first action:
+    before the state is written, the alerts and SGLang's own teardown."""
+    for death in (ServerDied(ExitStatus(signal=9)), PartDied(4300, "sglang::scheduler_TP0")):
+        night = router_night()
+        night.ready()
+        actions = night.send(death, after=5.0)
+        assert night.state is State.EXITED
+        assert isinstance(actions[0], RouterRemove) and actions[0].at == night.now
+        assert len(of(actions, RouterRemove)) == 1  # the AWAIT stop that follows a part's death adds none
+
+
+@pytest.mark.parametrize("how", ["headroom", "hang", "operator", "daemon stop", "gpu lost"])
+def test_every_planned_stop_takes_the_server_out_before_it(how: str) -> None:
+    night = router_night()
+    night.ready()
+    event: Event = {
+        "headroom": facts(0.5),
+        "hang": ProbeResult(ok=False, detail="timeout"),
+        "operator": RestartRequested("rolling restart"),
+        "daemon stop": StopRequested("SIGTERM"),
+        "gpu lost": GpuLost("Xid 79"),
+    }[how]
+    for _ in range(night.cfg.health.failures if how == "hang" else 1):
+        actions = night.send(event, after=1.0)
+    order = kinds(actions)
+    assert "StopServer" in order, order
+    assert order.index("RouterRemove") < order.index("StopServer"), order
+    assert order.count("RouterRemove") == 1
+
+
+def test_no_router_actions_when_it_is_off() -> None:
+    night = Night()
+    night.ready()
+    actions = night.send(ServerDied(ExitStatus(signal=9)))
+    assert not of(actions, RouterRemove) and not of(actions, RouterAdd)
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=st.lists(st.tuples(_EVENTS, st.floats(0.0, 5000.0)), max_size=60))
+def test_random_events_never_stop_a_server_the_router_still_sends_to(steps: list[tuple[Event, float]]) -> None:
+    """Whatever happens: a stop comes after a removal (in the same step, or at the death
+    that made the server EXITED), and a registration only on the way into READY."""
+    night = router_night()
+    for event, after in steps:
+        before = night.state
+        actions = night.send(event, after=after)
+        order = kinds(actions)
+        if "StopServer" in order and before is not State.EXITED:
+            assert "RouterRemove" in order[: order.index("StopServer")], order
+        if of(actions, RouterAdd):
+            assert night.state is State.READY and before is not State.READY
+        if of(actions, Exit):
+            break

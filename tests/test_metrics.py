@@ -30,6 +30,7 @@ from supervisor.sinks.metrics import (
     Metrics,
     MetricsError,
     parse_listen,
+    rank_gpus,
     start_metrics_server,
 )
 from tests.conftest import require_binary
@@ -278,6 +279,91 @@ def test_startup_facts_export_per_rank_memory_in_bytes_until_the_next_launch() -
     assert value(registry, "rank_avail_memory_after_capture_bytes", rank="TP0") is None
 
 
+def rank_gpu(registry: CollectorRegistry) -> dict[str, dict[str, str]]:
+    """rank -> the labels of its rank_gpu_info series (value 1), from a scrape."""
+    text = generate_latest(registry).decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == P + "rank_gpu_info":
+                assert sample.value == 1
+                labels = dict(sample.labels)
+                out[labels.pop("rank")] = labels
+    return out
+
+
+def gpu_sample(*uuids: tuple[int, str]) -> Any:
+    return edge("gpu_sample", {"gpus": [
+        {"index": index, "uuid": uuid, "total_bytes": 80 * GIB, "free_bytes": GIB} for index, uuid in uuids
+    ]})
+
+
+def facts(*ranks: str) -> Any:
+    return edge("startup_facts", {"ranks": {r: {"rank": r, "avail_mem_after_capture_gb": 1.0} for r in ranks}, "progress": "ready"})
+
+
+def test_rank_gpu_info_ties_each_tp_rank_to_its_gpu_with_dcgm_labels() -> None:
+    """TP i runs on the i-th configured GPU: rank_gpu_info carries its gpu, UUID and both host labels."""
+    metrics, registry = make(hostname="gpu-node-1", gpu_indices=(4, 6))
+    metrics.emit(gpu_sample((4, "GPU-four"), (5, "GPU-five"), (6, "GPU-six")))
+    metrics.emit(facts("TP0", "TP1"))
+    host = {"Hostname": "gpu-node-1", "hostname": "gpu-node-1"}
+    assert rank_gpu(registry) == {
+        "TP0": {"gpu": "4", "UUID": "GPU-four", **host},
+        "TP1": {"gpu": "6", "UUID": "GPU-six", **host},
+    }
+    assert value(registry, "rank_gpu_info", rank="TP1", gpu="6", UUID="GPU-six", **host) == 1
+
+
+def test_rank_gpu_info_without_indices_follows_the_sample_and_gets_its_uuid_when_sampled() -> None:
+    """No [gpu] indices: TP i is GPU i until a sample arrives, then the i-th sampled GPU, with its UUID."""
+    metrics, registry = make(hostname="h")
+    metrics.emit(facts("TP0", "TP1"))
+    assert {r: (g["gpu"], g["UUID"]) for r, g in rank_gpu(registry).items()} == {"TP0": ("0", ""), "TP1": ("1", "")}
+    metrics.emit(gpu_sample((2, "GPU-two"), (3, "GPU-three")))  # the daemon's CUDA_VISIBLE_DEVICES=2,3
+    assert {r: (g["gpu"], g["UUID"]) for r, g in rank_gpu(registry).items()} == {"TP0": ("2", "GPU-two"), "TP1": ("3", "GPU-three")}
+
+
+def test_rank_gpu_info_is_cleared_by_a_launch_and_replaced_by_the_next_runs_ranks() -> None:
+    """A new launch removes the last run's series; the next run's ranks bring theirs."""
+    metrics, registry = make(hostname="h")
+    metrics.emit(gpu_sample((0, "GPU-a"), (1, "GPU-b")))
+    metrics.emit(facts("TP0", "TP1"))
+    assert set(rank_gpu(registry)) == {"TP0", "TP1"}
+    metrics.emit(edge("launch", {"mem_fraction_static": 0.88, "rung": 1}))
+    assert rank_gpu(registry) == {}
+    metrics.emit(gpu_sample((0, "GPU-a"), (1, "GPU-b")))  # samples alone bring nothing back
+    assert rank_gpu(registry) == {}
+    metrics.emit(facts("main"))  # a TP-1 server prints no rank
+    assert rank_gpu(registry) == {"main": {"gpu": "0", "UUID": "GPU-a", "Hostname": "h", "hostname": "h"}}
+
+
+@pytest.mark.parametrize(("ranks", "expected"), [
+    (["TP0", "TP1", "TP2"], {"TP0": 0, "TP1": 1, "TP2": 2}),
+    (["TP1 EP1", "TP0 EP0"], {"TP0 EP0": 0, "TP1 EP1": 1}),
+    (["DP0 TP0", "DP0 TP1", "DP1 TP2", "DP1 TP3"], {"DP0 TP0": 0, "DP0 TP1": 1, "DP1 TP2": 2, "DP1 TP3": 3}),  # DP attention
+    (["DP0-TP1", "DP0-TP0"], {"DP0-TP0": 0, "DP0-TP1": 1}),
+    (["TP8", "TP9"], {"TP8": 0, "TP9": 1}),  # the second node of a 2-node TP 16 server
+    (["main"], {"main": 0}),
+    (["main", "TP0", "TP1"], {"TP0": 0, "TP1": 1}),
+    (["DP0 TP0", "DP0 TP1", "DP1 TP0", "DP1 TP1"], {}),  # plain DP: TP numbers repeat, no guess
+    (["PP0 TP0", "PP1 TP0", "PP0 TP1"], {"PP0 TP1": 1}),
+    (["DP0", "DP1"], {}),
+    (["rank0", "rank1"], {}),
+    ([], {}),
+])
+def test_rank_gpus_maps_only_ranks_that_cannot_be_mistaken(ranks: list[str], expected: dict[str, int]) -> None:
+    """TP i is the i-th GPU; repeated TP numbers (plain DP, PP) and rank names without TP are left out."""
+    assert rank_gpus(ranks) == expected
+
+
+def test_rank_gpu_info_leaves_out_ranks_beyond_the_known_gpus() -> None:
+    """More TP ranks than configured GPUs: the extra ranks get no series rather than a wrong one."""
+    metrics, registry = make(gpu_indices=(0,))
+    metrics.emit(facts("TP0", "TP1"))
+    assert set(rank_gpu(registry)) == {"TP0"}
+
+
 def test_gpu_memory_stuck_is_raised_by_its_event_and_cleared_by_a_launch() -> None:
     """The stuck flag reads 1 after gpu_memory_stuck and 0 after the next launch."""
     metrics, registry = make()
@@ -458,3 +544,23 @@ async def test_promtool_check_metrics_is_clean_on_a_live_scrape() -> None:
     )
     output, _ = await asyncio.wait_for(proc.communicate(body), timeout=60)
     assert (proc.returncode, output.decode()) == (0, "")
+
+
+def test_router_registration_removal_time_and_failed_calls() -> None:
+    """The router's view: registered 1/0, the time each removal took, failed calls by operation."""
+    from supervisor.core.events import RouterCallFailed, RouterRegistered, RouterRemoved
+
+    metrics, registry = make()
+    url = "http://127.0.0.1:30001"
+    assert value(registry, "router_registered") == 0
+    metrics.emit(RouterRegistered(worker_url=url, worker_id="w1"))
+    assert value(registry, "router_registered") == 1
+    metrics.emit(RouterCallFailed(op="remove", error="router remove: refused", retry_s=0.5))
+    metrics.emit(RouterRemoved(worker_url=url, worker_ids=("w1",), reason="scheduler died", after_s=0.012))
+    metrics.emit(RouterRemoved(worker_url=url, worker_ids=("w9",), reason="reconcile", after_s=None))
+    assert value(registry, "router_registered") == 0
+    assert value(registry, "router_remove_seconds_count") == 1
+    assert value(registry, "router_remove_seconds_bucket", le="0.025") == 1
+    assert value(registry, "router_remove_seconds_bucket", le="0.01") == 0
+    assert value(registry, "router_call_failures_total", op="remove") == 1
+    assert value(registry, "router_call_failures_total", op="add") == 0

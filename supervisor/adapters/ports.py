@@ -391,6 +391,7 @@ class Ports:
     start_control: ControlStarter
     oom_kills: OomKillReader
     gpu_probe: GpuProbe = field(default_factory=NoneProbe)
+    router: Router | None = None  # SGLang's router's client when [router] enabled
     notifier: Any = field(default_factory=NullNotifier)  # sdnotify.Notifier in production
     rng: random.Random = field(default_factory=random.Random)
     reload: Callable[[], Config] | None = None  # SIGHUP: re-read the config

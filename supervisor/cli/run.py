@@ -9,11 +9,13 @@ from __future__ import annotations
 import contextlib
 import socket
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from supervisor.core.config import Config, ConfigError, load_config
 
 if TYPE_CHECKING:
+    from supervisor.adapters.router import RouterClient
     from supervisor.sinks.alerts import MqttAlerter
     from supervisor.sinks.metrics import Metrics
 
@@ -43,6 +45,7 @@ async def run_daemon_async(
     from supervisor.daemon import Daemon
     from supervisor.sinks import logs
 
+    router = router_client(cfg)  # first: a bad token file stops here, before anything is started
     logger = logs.configure(cfg.logging.format, cfg.logging.level, log_stream)
     host = socket.gethostname()
     instance = cfg.mqtt.instance or cfg.name
@@ -54,7 +57,10 @@ async def run_daemon_async(
         from supervisor.sinks.metrics import Metrics, MetricsError, start_metrics_server
 
         prom_registry = CollectorRegistry(auto_describe=True)
-        metrics = Metrics(prom_registry, fraction_ladder=cfg.policy.fraction_ladder, headroom_min_gb=cfg.gpu.headroom_min_gb)
+        metrics = Metrics(
+            prom_registry, fraction_ladder=cfg.policy.fraction_ladder, headroom_min_gb=cfg.gpu.headroom_min_gb,
+            hostname=host, gpu_indices=cfg.gpu.indices,
+        )
         sinks.append(metrics)
         try:
             metrics_server = await start_metrics_server(cfg.metrics.listen, prom_registry)
@@ -90,6 +96,7 @@ async def run_daemon_async(
         reload=reload,
         host=host,
         install_signals=install_signals,
+        router=router,
     )
     daemon = Daemon(cfg, ports)
     if on_daemon is not None:
@@ -97,6 +104,8 @@ async def run_daemon_async(
     try:
         return await daemon.run()
     finally:
+        if ports.router is not None:
+            await ports.router.aclose()
         if alerter is not None:
             await alerter.aclose()
         if metrics_server is not None:
@@ -137,3 +146,20 @@ def next_argv(cfg: Config) -> tuple[str, ...]:
     return build_argv(cfg, learned.fraction, learned.hicache_size_gb)
 
 
+def router_client(cfg: Config) -> RouterClient | None:
+    """SGLang's router's client when ``[router] enabled``; its token read once from
+    ``token_file`` (an unreadable file is a config error: one line, no daemon)."""
+    if not cfg.router.enabled:
+        return None
+    from supervisor.adapters.router import RouterClient
+
+    token = None
+    if cfg.router.token_file:
+        try:
+            token = Path(cfg.router.token_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            raise ConfigError(f"[router] token_file {cfg.router.token_file}: cannot read: {why}") from None
+        if not token:
+            raise ConfigError(f"[router] token_file {cfg.router.token_file}: empty")
+    return RouterClient(cfg.router.url, token, cfg.router.timeout_s)

@@ -57,6 +57,20 @@ def _non_negative(v: float) -> bool:
     return v >= 0 and math.isfinite(v)
 
 
+def _url(v: str) -> bool:
+    return v == "" or (v.startswith(("http://", "https://")) and len(v) > len("https://") and not any(c.isspace() for c in v))
+
+
+def worker_url(cfg: Config) -> str:
+    """The URL the router uses for this daemon's server."""
+    if cfg.router.worker_url:
+        return cfg.router.worker_url.rstrip("/")
+    host = cfg.server.host if cfg.server.host not in ("0.0.0.0", "", "::") else "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{cfg.server.port}"
+
+
 def _fraction(v: float) -> bool:
     return 0.0 < v < 1.0
 
@@ -224,6 +238,27 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class RouterConfig:
+    """SGLang's router (``sglang-router``) in front of the server: the daemon registers the
+    server once it is READY and removes it the moment it dies, before any planned stop and
+    before a hung server is killed (docs/router.md)."""
+
+    enabled: bool = False
+    url: str = field(default="", metadata=_rule("the router's URL, http(s)://HOST:PORT", _url))
+    # A file holding the router's control-plane key (--control-plane-api-keys id:name:admin:KEY),
+    # sent as a bearer token; read once at start, never logged.
+    token_file: str = field(default="", metadata=_rule("a file path (empty = no token)"))
+    # How the router reaches this server; empty = http://[server] host:port (0.0.0.0 -> 127.0.0.1).
+    worker_url: str = field(default="", metadata=_rule("a URL, http(s)://HOST:PORT", _url))
+    timeout_s: float = field(default=5.0, metadata=_rule("seconds > 0", _positive))
+    # How long a planned stop waits for the removal before it signals the server anyway.
+    remove_wait_s: float = field(default=5.0, metadata=_rule("seconds > 0", _positive))
+    # How often the router's view is compared with ours (re-adding after a router restart,
+    # removing what should not be there); failed calls retry sooner, on the backoff.
+    reconcile_s: float = field(default=10.0, metadata=_rule("seconds > 0", _positive))
+
+
+@dataclass(frozen=True, slots=True)
 class StateConfig:
     dir: str = field(default="/var/lib/sglang-supervisor", metadata=_rule("a directory path", bool))
 
@@ -238,6 +273,7 @@ class Config:
     mqtt: MqttConfig = field(default_factory=MqttConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     state: StateConfig = field(default_factory=StateConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)
     # Not a TOML key: the stem of the file it came from ("kimi" for kimi.toml).
     name: str = "supervisor"
 
@@ -398,6 +434,8 @@ def _cross_checks(where: str, cfg: Config) -> None:
             f"{where}: [mqtt] password_file = \"\": must be set when username is "
             "(the password is read from a file, never written inline)"
         )
+    if cfg.router.enabled and not cfg.router.url:
+        raise ConfigError(f'{where}: [router] url = "": must be set when enabled = true (e.g. "http://127.0.0.1:30080")')
 
 
 def build_config(data: dict[str, Any], *, where: str = "config", name: str = "supervisor") -> Config:

@@ -460,5 +460,40 @@ class GpuProbeFailed(Event):
     lost: bool = False
 
 
+# --- the router ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RouterRegistered(Event):
+    """The server is in the router (added, or an entry of ours adopted)."""
+
+    kind = "router_registered"
+    worker_url: str
+    worker_id: str
+    adopted: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RouterRemoved(Event):
+    """The server is out of the router; ``after_s``: from the moment the daemon decided
+    (the death noticed, or the stop about to begin) to the router's answer."""
+
+    kind = "router_removed"
+    worker_url: str
+    worker_ids: tuple[str, ...]
+    reason: str
+    after_s: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RouterCallFailed(Event):
+    """A router call failed; it is retried on the backoff (supervision goes on)."""
+
+    kind = "router_call_failed"
+    op: str  # add | remove | list
+    error: str
+    retry_s: float | None
+
+
 ALERT_KINDS: dict[str, str] = alert_kinds()
 QUIET_EVENTS: frozenset[str] = quiet_events()

@@ -294,6 +294,21 @@ class StopServer:
 
 
 @dataclass(frozen=True, slots=True)
+class RouterAdd:
+    """Register the server with the router (it is READY: our server answering on our port)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouterRemove:
+    """Take the server out of the router now: it died (``at``: when that was noticed), or a
+    stop is about to begin, which then waits for this removal (bounded by
+    ``[router] remove_wait_s``) before it signals the server."""
+
+    reason: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class SetTimer:
     name: Timer
     delay_s: float
@@ -326,7 +341,7 @@ class Exit:
     code: int
 
 
-Action = Prepare | Launch | StopServer | SetTimer | CancelTimer | Emit | Probe | Persist | Exit
+Action = Prepare | Launch | StopServer | SetTimer | CancelTimer | Emit | Probe | Persist | Exit | RouterAdd | RouterRemove
 
 
 @dataclass(frozen=True, slots=True)
@@ -639,6 +654,32 @@ def facts_event(facts: StartupFacts) -> ev.StartupFactsEvent:
 
 def step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
     """The next state and the actions to carry out, for one event."""
+    new, actions = _step(core, event, ctx)
+    if ctx.cfg.router.enabled:
+        actions = _with_router(core, new, actions, ctx.now)
+    return new, actions
+
+
+def _with_router(old: Core, new: Core, actions: list[Action], now: float) -> list[Action]:
+    """The router's view follows the server, one rule for every edge: taken out first thing
+    when it dies (-> EXITED), and before any stop (planned, step-down, hang, daemon stop);
+    registered once it is READY."""
+    out: list[Action] = []
+    removed = False
+    if new.state is State.EXITED and old.state is not State.EXITED:
+        out.append(RouterRemove(new.reason, now))
+        removed = True
+    for action in actions:
+        if isinstance(action, StopServer) and not removed:
+            out.append(RouterRemove(action.reason, now))
+            removed = True
+        out.append(action)
+    if new.state is State.READY and old.state is not State.READY:
+        out.append(RouterAdd())
+    return out
+
+
+def _step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
     s = core.state
     cfg = ctx.cfg
     match event:

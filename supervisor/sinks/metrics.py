@@ -7,7 +7,8 @@ headroom minimum) that the alert rules compare against. Metrics live in an injec
 Labels are bounded: a crash cause (the ``Cause`` values, every one pre-initialised to 0 so
 ``increase()`` works from the first crash), a supervisor state, a GPU index + UUID (named
 ``gpu`` and ``UUID`` like DCGM exporter's, so the two join ``on(UUID)``), a rank ("TP0"),
-an alert kind. Never a pid, a path or a message.
+an alert kind, the host name. Never a pid, a path or a message. ``rank_gpu_info`` ties each
+rank to its GPU (``rank_gpus``), so DCGM exporter's series join the supervisor's ranks.
 
 The exporter is prometheus_client's threaded HTTP server, bound to exactly the configured
 host: a scrape runs in its own thread and never waits on the event loop, and ``emit`` only
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -62,6 +64,8 @@ COUNTED_EVENTS = (
     "fraction_learned",
     "daemon_failed",
 )
+ROUTER_OPS = ("add", "remove", "list")  # supervisor.routing
+ROUTER_REMOVE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 PROBE_FAILURE_REASONS = ("http_status", "no_response")  # an answer that is not 200 / none
 MQTT_FAILURE_REASONS = ("auth", "config", "tls", "timeout", "error")  # supervisor.sinks.alerts._failure
 # The MQTT adapter's on_health(kind, value) callback, as events: kind -> the value's field.
@@ -105,6 +109,31 @@ def _cause(value: object) -> str:
     return str(Cause.OTHER)
 
 
+# The TP part of a rank name: "TP3", "DP1 TP3" (SGLang's log prefix), "DP1-TP3", "TP3_EP3".
+_TP_RANK = re.compile(r"(?:^|[\s_-])TP(\d{1,5})(?=$|[\s_-])")
+MAIN_RANK = "main"  # supervisor.core.startup_facts: lines without a rank (a TP-1 server's)
+
+
+def rank_gpus(ranks: Iterable[str]) -> dict[str, int]:
+    """Each rank's GPU as its 0-based position among the GPUs the server sees.
+
+    TP rank i runs on the i-th GPU (SGLang's default ``--base-gpu-id 0 --gpu-id-step 1``);
+    on one node of a multi-node server, on the i-th after the node's lowest TP rank. Only
+    ranks that cannot be mistaken are mapped: a TP number reported by exactly one rank
+    (with DP attention TP ranks are global, so "DP1 TP3" is GPU 3), and ``main`` when it is
+    the only rank (a TP-1 server prints no rank). Plain data parallelism and pipeline
+    stages repeat TP numbers ("DP0 TP0", "DP1 TP0"): those ranks, and ranks without a TP
+    part, are left out rather than guessed.
+    """
+    names = list(ranks)
+    tp = {name: int(m.group(1)) for name in names if (m := _TP_RANK.search(name))}
+    if not tp:
+        return {MAIN_RANK: 0} if names == [MAIN_RANK] else {}
+    numbers = list(tp.values())
+    first = min(numbers)
+    return {name: n - first for name, n in tp.items() if numbers.count(n) == 1}
+
+
 def _state(value: object) -> State | None:
     if not isinstance(value, str):
         return None
@@ -130,8 +159,18 @@ class Metrics:
         clock: Callable[[], float] = time.time,
         fraction_ladder: Sequence[float] = (),
         headroom_min_gb: float | None = None,
+        hostname: str = "",
+        gpu_indices: Sequence[int] = (),
     ) -> None:
         self._clock = clock  # wall clock: only for the last-crash timestamp
+        # rank_gpu_info: the host (DCGM's Hostname label) and [gpu] indices, the server's GPUs
+        # in CUDA_VISIBLE_DEVICES order; without them, the order of the GPU sample.
+        self._hostname = hostname
+        self._gpu_indices = tuple(str(i) for i in gpu_indices)
+        self._sampled: tuple[str, ...] = ()  # GPU indices of the last sample, in its order
+        self._uuids: dict[str, str] = {}  # GPU index -> UUID, from the samples
+        self._rank_gpus: dict[str, int] = {}  # rank -> position among the server's GPUs
+        self._rank_gpu_shown: dict[str, dict[str, str]] = {}
         self._state: State = State.STOPPED
         self._probe_ok = False
         self._gave_up = False
@@ -189,12 +228,26 @@ class Metrics:
             key: (gauge(name, doc + " Current run only.", ["rank"]), scale)
             for key, (name, doc, scale) in rank_facts.items()
         }
+        self.rank_gpu = Info(
+            f"{PREFIX}_rank_gpu",
+            "The GPU a rank runs on, with DCGM exporter's labels (gpu, UUID, Hostname/hostname) to join"
+            " its series on(UUID). Current run only.",
+            ["rank"], registry=registry,
+        )
         # Alerting health and notable events.
         self.alerts_sent = counter("alerts_sent", "Alerts delivered to the MQTT broker, by kind.", ["kind"])
         self.alerts_dropped = counter("alerts_dropped", "Alerts dropped (outbox full or undeliverable), by kind.", ["kind"])
         self.mqtt_connected = gauge("mqtt_connected", "1 when connected to the MQTT broker, 0 when not (NaN = MQTT not reporting).")
         self.mqtt_connect_failures = counter("mqtt_connect_failures", "Failed connections to the MQTT broker, by reason.", ["reason"])
         self.events = counter("events", "Notable daemon events by name.", ["event"])
+        # SGLang's router ([router]).
+        self.router_registered = gauge("router_registered", "1 while the server is registered with SGLang's router, else 0.")
+        self.router_remove = Histogram(
+            f"{PREFIX}_router_remove_seconds",
+            "From the decision (a death noticed, a stop about to begin) to the router's answer to the removal.",
+            buckets=ROUTER_REMOVE_BUCKETS, registry=registry,
+        )
+        self.router_call_failures = counter("router_call_failures", "Failed calls to SGLang's router, by operation.", ["op"])
 
         for metric, label_values in (
             (self.state, [s.value for s in State]),
@@ -205,6 +258,7 @@ class Metrics:
             (self.alerts_dropped, ALERT_KIND_LABELS),
             (self.mqtt_connect_failures, MQTT_FAILURE_REASONS),
             (self.events, COUNTED_EVENTS),
+            (self.router_call_failures, ROUTER_OPS),
         ):
             for value in label_values:
                 metric.labels(value)
@@ -232,6 +286,9 @@ class Metrics:
             "alert_dropped": self._on_alert_dropped,
             "mqtt_connected": self._on_mqtt_connected,
             "mqtt_connect_failed": self._on_mqtt_connect_failed,
+            "router_registered": self._on_router_registered,
+            "router_removed": self._on_router_removed,
+            "router_call_failed": self._on_router_call_failed,
         }
 
     # -- EventSink ---------------------------------------------------------------------
@@ -296,6 +353,9 @@ class Metrics:
         self.ladder_rung.set(_gauge_value(fields.get("rung")))
         for rank_gauge, _ in self._rank_gauges.values():
             rank_gauge.clear()  # rank facts describe one run
+        self._rank_gpus = {}
+        self._rank_gpu_shown = {}
+        self.rank_gpu.clear()
         self._gave_up = False
         self._probe_ok = False
         self.backoff_delay.set(0)
@@ -332,6 +392,25 @@ class Metrics:
                 value = _number(facts.get(key))
                 if value is not None:
                     rank_gauge.labels(str(rank)).set(value * scale)
+        self._rank_gpus = rank_gpus(str(rank) for rank in ranks)
+        self._show_rank_gpus()
+
+    def _show_rank_gpus(self) -> None:
+        """Bring rank_gpu_info up to date; a series changes only when its GPU does."""
+        wanted: dict[str, dict[str, str]] = {}
+        order = self._gpu_indices or self._sampled
+        host = self._hostname
+        for rank, position in self._rank_gpus.items():
+            if order and position >= len(order):
+                continue  # more ranks than GPUs known: no guess
+            gpu = order[position] if order else str(position)  # nothing sampled yet: GPU i
+            wanted[rank] = {"gpu": gpu, "UUID": self._uuids.get(gpu, ""), "Hostname": host, "hostname": host}
+        for rank in self._rank_gpu_shown.keys() - wanted.keys():
+            self.rank_gpu.remove(rank)
+        for rank, labels in wanted.items():
+            if self._rank_gpu_shown.get(rank) != labels:
+                self.rank_gpu.labels(rank).info(labels)
+        self._rank_gpu_shown = wanted
 
     def _on_crash(self, fields: Fields) -> None:
         self.crashes.labels(_cause(fields.get("cause"))).inc()
@@ -362,12 +441,19 @@ class Metrics:
         # gpus is a list of {index, uuid, total_bytes, free_bytes} (supervisor.core.events); a
         # malformed one raises here and emit logs it; the cast checks nothing.
         gpus = cast("Iterable[Mapping[str, object]]", fields.get("gpus") or ())
+        sampled = []
         for gpu in gpus:
             labels = (str(gpu["index"]), str(gpu.get("uuid") or ""))
+            sampled.append(labels[0])
+            if labels[1]:
+                self._uuids[labels[0]] = labels[1]
             for metric, key in ((self.gpu_total, "total_bytes"), (self.gpu_free, "free_bytes")):
                 value = _number(gpu.get(key))
                 if value is not None:
                     metric.labels(*labels).set(value)
+        if sampled:
+            self._sampled = tuple(sampled)
+        self._show_rank_gpus()
 
     def _on_gpu_probe_error(self, fields: Fields) -> None:
         self.gpu_probe_errors.inc()
@@ -401,6 +487,21 @@ class Metrics:
     def _on_mqtt_connect_failed(self, fields: Fields) -> None:
         reason = fields.get("reason")
         self.mqtt_connect_failures.labels(reason if isinstance(reason, str) and reason in MQTT_FAILURE_REASONS else "error").inc()
+
+    # -- the router --------------------------------------------------------------------------
+
+    def _on_router_registered(self, fields: Fields) -> None:
+        self.router_registered.set(1)
+
+    def _on_router_removed(self, fields: Fields) -> None:
+        self.router_registered.set(0)
+        after = fields.get("after_s")
+        if isinstance(after, int | float) and math.isfinite(after) and after >= 0:
+            self.router_remove.observe(after)
+
+    def _on_router_call_failed(self, fields: Fields) -> None:
+        op = fields.get("op")
+        self.router_call_failures.labels(op if op in ROUTER_OPS else "list").inc()
 
 
 # -- the endpoint ------------------------------------------------------------------------

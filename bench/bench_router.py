@@ -1,0 +1,93 @@
+"""``python -m bench.bench_router``: failed client requests behind SGLang's router, the
+router alone beside the router kept true by the daemon, side by side.
+
+The night (``tests/router_night.py``): two simulated SGLang 0.5.23 servers behind the real
+``sglang-router`` 0.3.2, each owned by a daemon, clients sending ``/generate`` through the
+router at concurrency 1 and 4; a scheduler of one server is SIGKILLed (its main process
+sleeps 5 s before it kills its tree, as SGLang's does with its diagnostics on), then each
+server gets a planned restart in turn. "router alone": the servers given to the router with
+``--worker-urls`` at its defaults (60 s health checks, 5 retries, a circuit breaker);
+"router + daemon": ``[router] enabled``.
+
+Writes ``bench/results-router.json`` and prints a Markdown table (the README's router rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as _dt
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # the tests' harness imports its conftest
+
+import router_night  # noqa: E402
+from conftest import free_port  # noqa: E402
+
+from tests.routerlib import Proc, router_argv  # noqa: E402
+
+RESULTS = REPO / "bench" / "results-router.json"
+
+
+async def one(tmp: Path, concurrency: int, integrated: bool) -> dict[str, Any]:
+    procs: list[Proc] = []
+
+    def start(*extra: str) -> str:
+        port = free_port()
+        proc = Proc(router_argv(port, *extra), tmp / f"router-{port}.log")
+        procs.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        proc.wait_http(url + "/health", "the router")
+        return url
+
+    try:
+        return await router_night.night(tmp, start, concurrency, integrated)
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| setting | concurrency | scheduler killed: failed / ok | planned restart of each: failed / ok "
+        "| death → out of the router | death → SGLang's main exits |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        crash, restart = r["crash"], r["restart"]
+        removed = f"{crash['removed_s'] * 1000:.0f} ms" if crash.get("removed_s") is not None else "never (router alone)"
+        main_exit = f"{crash['main_exit_s']:.2f} s" if crash.get("main_exit_s") is not None else "?"
+        lines.append(
+            f"| {'router + daemon' if r['integrated'] else 'router alone'} | {r['concurrency']} "
+            f"| **{crash['failed']}** / {crash['ok']} | **{restart['failed']}** / {restart['ok']} | {removed} | {main_exit} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.bench_router", description=__doc__.splitlines()[0])
+    p.add_argument("--results", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    rows = []
+    for integrated in (False, True):
+        for concurrency in (1, 4):
+            with tempfile.TemporaryDirectory(prefix="sgl-bench-router-") as tmp:
+                row = asyncio.run(one(Path(tmp), concurrency, integrated))
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    args.results.write_text(json.dumps({
+        "when": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "command": "python -m bench.bench_router",
+        "rows": rows,
+    }, indent=1) + "\n")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""One night of two servers behind the real SGLang router, each owned by a real daemon,
+under client load through the router (tests/test_router_daemon.py asserts on it,
+bench/bench_router.py measures it side by side with the router alone).
+
+1. a scheduler of server ``a`` is SIGKILLed while serving (SGLang 0.5.23's crash path with
+   its diagnostics on: the main process sleeps 5 s, then kills its tree);
+2. a planned restart of each server in turn (``sglang-supervisor restart``, one after the
+   other: the operator's rolling restart).
+
+``integrated``: the daemons have ``[router]`` and keep the router's view true; otherwise the
+router is given the servers with ``--worker-urls`` and runs at its defaults (60 s health
+checks, 5 retries, a circuit breaker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+from conftest import wait_until
+from harness import REPO, DaemonRun, write_config
+
+from supervisor.sim.loadgen import prompt
+
+
+@dataclass
+class Load:
+    """Clients sending /generate through the router until stopped; counts what failed."""
+
+    url: str
+    concurrency: int
+    ok: int = 0
+    failed: list[str] = field(default_factory=list)
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._client(i)) for i in range(self.concurrency)]
+
+    async def _client(self, n: int) -> None:
+        import aiohttp
+
+        payload = {"text": prompt(8, n), "sampling_params": {"max_new_tokens": 4}}
+        async with aiohttp.ClientSession() as http:
+            while not self._stop.is_set():
+                try:
+                    async with http.post(self.url + "/generate", json=payload,
+                                         timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                        body = await resp.read()
+                        if resp.status == 200:
+                            self.ok += 1
+                        else:
+                            self.failed.append(f"HTTP {resp.status}: {body[:120]!r}")
+                except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
+                    self.failed.append(repr(exc)[:160])
+                await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+
+
+def listed(router: str) -> list[str]:
+    with urllib.request.urlopen(router + "/workers", timeout=5) as resp:
+        return sorted(w["url"] for w in json.loads(resp.read())["workers"])
+
+
+def scheduler_of(main_pid: int) -> psutil.Process:
+    for child in psutil.Process(main_pid).children(recursive=True):
+        if " ".join(child.cmdline()).startswith("sglang::scheduler"):
+            return child
+    raise AssertionError(f"no sglang::scheduler under pid {main_pid}")
+
+
+def two_servers(tmp_path: Path) -> list[Path]:
+    """Two daemons' configs (without a [router] section: the daemons know nothing of it)."""
+    configs = []
+    for name in ("a", "b"):
+        tmp = tmp_path / name
+        tmp.mkdir()
+        sections: dict[str, dict[str, Any]] = {
+            "server": {"tp_size": 1, "stop_grace_s": 10.0},
+            "health": {"interval_s": 1.0, "failures": 3},
+        }
+        cfg = write_config(tmp, sections, sim_args=("--sim-version", "0.5.23"), name=name)
+        text = cfg.read_text()
+        # write_config set the dump switches off for the fast tests; this night keeps them on
+        cfg.write_text(text.replace('SGLANG_PYSPY_DUMP_BEFORE_CRASH = "0"', 'SGLANG_PYSPY_DUMP_BEFORE_CRASH = "1"'))
+        configs.append(cfg)
+    return configs
+
+
+def url_of(cfg: Path) -> str:
+    import tomllib
+
+    return f"http://127.0.0.1:{tomllib.loads(cfg.read_text())['server']['port']}"
+
+
+async def night(tmp_path: Path, start_router: Callable[..., str], concurrency: int, integrated: bool, *,
+                configs: list[Path] | None = None, ready_s: float = 60.0) -> dict[str, Any]:
+    """Kill one server's scheduler under load, then a planned restart of each in turn.
+    ``configs``: the two daemons' configs (default: two simulated servers)."""
+    configs = configs or two_servers(tmp_path)
+    urls = [url_of(c) for c in configs]
+    if integrated:
+        router_url = await asyncio.to_thread(start_router)
+        for cfg in configs:
+            cfg.write_text(cfg.read_text() + f'\n[router]\nenabled = true\nurl = "{router_url}"\nreconcile_s = 2.0\n')
+    else:
+        router_url = await asyncio.to_thread(start_router, "--worker-urls", *urls)
+    out: dict[str, Any] = {"concurrency": concurrency, "integrated": integrated}
+    with DaemonRun(configs[0]) as a, DaemonRun(configs[1]) as b:
+        for d in (a, b):
+            await asyncio.to_thread(d.wait_for, "server_ready", ready_s)
+        await asyncio.to_thread(wait_until, lambda: listed(router_url) == sorted(urls), 30, 0.05, "both servers listed")
+
+        # 1. a scheduler SIGKILLed while serving
+        load = Load(router_url, concurrency)
+        load.start()
+        await asyncio.sleep(1.0)
+        main = int(a.wait_for("launch")["pid"])
+        victim = scheduler_of(main)
+        exited: dict[str, float] = {}
+        watcher = watch_exit(main, exited)
+        killed_at = time.monotonic()
+        victim.kill()
+        await asyncio.to_thread(a.wait_for, "server_ready", ready_s, attempt=2)
+        await asyncio.to_thread(wait_until, lambda: listed(router_url) == sorted(urls), 30, 0.05, "listed again")
+        await asyncio.sleep(1.0)
+        await load.stop()
+        out["crash"] = {"ok": load.ok, "failed": len(load.failed), "examples": load.failed[:3]}
+        if integrated:
+            down = a.wait_for("server_down")
+            removed = next(r for r in a.find("router_removed") if r["mono"] >= down["mono"])
+            out["crash"]["noticed_s"] = round(down["mono"] - killed_at, 4)
+            out["crash"]["removed_s"] = round(removed["mono"] - killed_at, 4)
+            out["crash"]["removed_after_decision_s"] = removed["after_s"]
+        watcher.join(30)
+        out["crash"]["main_exit_s"] = round(exited["at"] - killed_at, 4) if "at" in exited else None
+
+        # 2. a planned restart of each server in turn (the operator's rolling restart)
+        load = Load(router_url, concurrency)
+        load.start()
+        await asyncio.sleep(1.0)
+        for d, cfg, attempt in ((a, configs[0], 3), (b, configs[1], 2)):
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "supervisor.cli", "restart", "--config", str(cfg),
+                stdout=asyncio.subprocess.DEVNULL, cwd=REPO,
+            )
+            assert await proc.wait() == 0
+            await asyncio.to_thread(d.wait_for, "server_ready", ready_s, attempt=attempt)
+            await asyncio.to_thread(wait_until, lambda: listed(router_url) == sorted(urls), 30, 0.05, "listed again")
+        await asyncio.sleep(1.0)
+        await load.stop()
+        out["restart"] = {"ok": load.ok, "failed": len(load.failed), "examples": load.failed[:3]}
+    return out
+
+
+
+
+def watch_exit(pid: int, out: dict[str, float]) -> threading.Thread:
+    """Polls every millisecond for ``pid``'s end (``out["at"]``, monotonic)."""
+    def run() -> None:
+        try:
+            proc = psutil.Process(pid)
+            while proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                time.sleep(0.001)
+        except psutil.Error:
+            pass
+        out["at"] = time.monotonic()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
