@@ -9,7 +9,11 @@ server gets a planned restart in turn. "router alone": the servers given to the 
 ``--worker-urls`` at its defaults (60 s health checks, 5 retries, a circuit breaker);
 "router + daemon": ``[router] enabled``.
 
-Writes ``bench/results-router.json`` and prints a Markdown table (the README's router rows).
+``--real``: the same night on two real SGLang 0.5.23 servers on the CPU (``make
+real-sglang``; ~7 GB and both cores, the real-SGLang lock held throughout).
+
+Writes ``bench/results-router.json`` (``--real``: ``results-router-real.json``) and prints a
+Markdown table (the README's router rows).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as _dt
+import fcntl
 import json
 import sys
 import tempfile
@@ -32,9 +37,17 @@ from conftest import free_port  # noqa: E402
 from tests.routerlib import Proc, router_argv  # noqa: E402
 
 RESULTS = REPO / "bench" / "results-router.json"
+LOCK = "/tmp/real-sglang.lock"  # one real-SGLang user of the host at a time
 
 
-async def one(tmp: Path, concurrency: int, integrated: bool) -> dict[str, Any]:
+def real_configs(tmp: Path) -> list[Path]:
+    from tests.real.sglang_env import load
+    from tests.real.test_real_router import two_real_servers
+
+    return two_real_servers(tmp, load())
+
+
+async def one(tmp: Path, concurrency: int, integrated: bool, real: bool = False) -> dict[str, Any]:
     procs: list[Proc] = []
 
     def start(*extra: str) -> str:
@@ -46,7 +59,9 @@ async def one(tmp: Path, concurrency: int, integrated: bool) -> dict[str, Any]:
         return url
 
     try:
-        return await router_night.night(tmp, start, concurrency, integrated)
+        if not real:
+            return await router_night.night(tmp, start, concurrency, integrated)
+        return await router_night.night(tmp, start, concurrency, integrated, configs=real_configs(tmp), ready_s=240.0)
     finally:
         for p in procs:
             p.stop()
@@ -71,18 +86,25 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.bench_router", description=__doc__.splitlines()[0])
-    p.add_argument("--results", type=Path, default=RESULTS)
+    p.add_argument("--real", action="store_true", help="two real SGLang servers (make real-sglang)")
+    p.add_argument("--results", type=Path, default=None)
     args = p.parse_args(argv)
+    results = args.results or (REPO / "bench" / "results-router-real.json" if args.real else RESULTS)
     rows = []
     for integrated in (False, True):
         for concurrency in (1, 4):
             with tempfile.TemporaryDirectory(prefix="sgl-bench-router-") as tmp:
-                row = asyncio.run(one(Path(tmp), concurrency, integrated))
+                if args.real:
+                    with open(LOCK, "a") as lock:
+                        fcntl.flock(lock, fcntl.LOCK_EX)
+                        row = asyncio.run(one(Path(tmp), concurrency, integrated, real=True))
+                else:
+                    row = asyncio.run(one(Path(tmp), concurrency, integrated))
             print(json.dumps(row), flush=True)
             rows.append(row)
-    args.results.write_text(json.dumps({
+    results.write_text(json.dumps({
         "when": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "command": "python -m bench.bench_router",
+        "command": "python -m bench.bench_router" + (" --real" if args.real else ""),
         "rows": rows,
     }, indent=1) + "\n")
     print(table(rows))
