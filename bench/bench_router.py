@@ -61,7 +61,7 @@ async def one(tmp: Path, concurrency: int, integrated: bool, real: bool = False)
     try:
         if not real:
             return await router_night.night(tmp, start, concurrency, integrated)
-        return await router_night.night(tmp, start, concurrency, integrated, configs=real_configs(tmp), ready_s=240.0)
+        return await router_night.night(tmp, start, concurrency, integrated, configs=real_configs(tmp), ready_s=240.0, gpus=())
     finally:
         for p in procs:
             p.stop()

@@ -1,10 +1,12 @@
 """The I/O shell around the pure core: pumps events in, carries actions out.
 
 ``Daemon.run()`` reads like a table of contents: take the state-directory lock, load what
-was learned, tell systemd we supervise, then loop: one event at a time through
-``machine.step``, each returned action carried out here. Slow work (clearing the GPUs,
-probes, stopping the server) runs in tasks that post their outcome back as events, so no
-adapter can delay a decision. Signal handlers only queue an event.
+was learned, tell systemd we supervise, then loop: one event at a time through the
+``machine.step`` of the server it is for, each returned action carried out by that
+server's ``ServerUnit`` (``supervisor.unit``). A daemon owns one server (``[server]``) or
+several (``[[server]]``), each with its own state machine, GPUs, port and learned state;
+what there is one of (the lock, signals, the control socket, systemd, rolling restarts)
+lives here. Signal handlers only queue an event.
 
 The daemon reaches the world only through its ports (``adapters.ports.Ports``: the store,
 cleanup, preflight, the server spawner and its log, the health prober, the GPU monitor, the
@@ -12,80 +14,26 @@ control socket, the cgroup ``oom_kill`` reader); ``cli/run.py`` passes the real 
 tests their fakes. It imports the core, the ports and ``release`` (logic over the GPU
 probe port), never a concrete adapter (import-linter's layers contract). A task
 that fails (rather than being cancelled) ends the daemon, as in a ``TaskGroup``:
-``daemon_failed``, the server stopped, exit ``EXIT_DAEMON_FAILED`` for systemd to restart.
+``daemon_failed``, the servers stopped, exit ``EXIT_DAEMON_FAILED`` for systemd to restart.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as _dt
 import os
 import signal
-import time
-import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Protocol
 
-from supervisor import release
-from supervisor.adapters.ports import (
-    ControlError,
-    ControlHandle,
-    GpuInfo,
-    GpuProbeError,
-    Monitor,
-    NullNotifier,
-    Ports,
-    Prober,
-    ProcessError,
-    ServerHandle,
-    StoreError,
-)
+from supervisor.adapters.ports import ControlError, ControlHandle, NullNotifier, Ports, ServerHandle, Store, StoreError
 from supervisor.core import events as ev
 from supervisor.core import machine
-from supervisor.core.config import Config, ConfigError, worker_url
-from supervisor.core.diagnosis import diagnose
-from supervisor.core.machine import (
-    Boot,
-    CancelTimer,
-    ConfigChanged,
-    Core,
-    Ctx,
-    Emit,
-    Exit,
-    FactsUpdated,
-    GpuLost,
-    Launch,
-    Launched,
-    LaunchFailed,
-    Learned,
-    PartDied,
-    Persist,
-    Prepare,
-    Prepared,
-    PrepareFailed,
-    Probe,
-    ProbeResult,
-    RestartRequested,
-    RouterAdd,
-    RouterRemove,
-    ServerDied,
-    ServerExited,
-    SetTimer,
-    StopMode,
-    StopRequested,
-    StopServer,
-    Timer,
-    TimerFired,
-)
-from supervisor.core.model import Cause, ExitStatus, State
-from supervisor.core.ownership import LAUNCH_VAR, MARK_VAR, recorded_server, server_env
-from supervisor.core.startup_facts import StartupFactsParser
-from supervisor.routing import RouterSync
-
-KERNEL_LOG_TAIL = 256 * 1024
+from supervisor.core.config import Config, ConfigError, server_configs, unit_name
+from supervisor.core.machine import Boot, Core
+from supervisor.core.model import State
+from supervisor.unit import ServerUnit, wall_now
 
 
 class Notifier(Protocol):
@@ -116,15 +64,13 @@ async def watchdog_loop(
         await sleep(interval_s)
 
 
-def wall_now() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-__all__ = ["EXIT_DAEMON_FAILED", "Daemon", "NullNotifier", "Ports"]
+__all__ = ["EXIT_DAEMON_FAILED", "Daemon", "NullNotifier", "Ports", "wall_now"]
 
 # A background task failed: the daemon stopped its server and exits with this code, which
 # systemd's Restart=on-failure restarts (2 is reserved for "a restart cannot help").
 EXIT_DAEMON_FAILED = 1
+# A rolling restart waits this long for a READY server to be back in the router.
+ROLL_ROUTER_WAIT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,426 +82,214 @@ class _TaskFailed:
 
 
 class Daemon:
+    """The daemon: one process, one event loop, one or several servers (``ServerUnit``).
+
+    It holds what there is one of: the state directory's lock, the signal handlers, the
+    control socket, systemd's watchdog and status line, the queue that feeds every unit's
+    core one event at a time, and the rolling restart that takes the servers through a
+    planned restart one after the other (``restart [--server NAME]``).
+    """
+
     def __init__(self, cfg: Config, ports: Ports) -> None:
         self.cfg = cfg
         self.p = ports
         self.log = ports.logger
         self.instance = cfg.mqtt.instance or cfg.name
-        self.core: Core | None = None
-        self.server: ServerHandle | None = None
         self.exit_code: int | None = None
-        self._queue: asyncio.Queue[machine.Event | _TaskFailed] = asyncio.Queue()
-        self._timers: dict[Timer, asyncio.TimerHandle] = {}
+        self._queue: asyncio.Queue[tuple[ServerUnit, machine.Event] | _TaskFailed] = asyncio.Queue()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._launch_task: asyncio.Task[None] | None = None
-        self._probe_tasks: set[asyncio.Task[None]] = set()
-        self._prepare_task: asyncio.Task[None] | None = None
-        self._recorded_pgid: int | None = None
-        self._recorded_since: float | None = None  # wall time of that launch (pgid reuse guard)
-        self._recorded_tree: list[tuple[int, float]] = []  # (pid, create time) seen in that tree
-        self._server_since: float | None = None
-        self._store_failing = False
-        self._facts: StartupFactsParser | None = None
-        self._prober: Prober | None = None
-        self._gpu_monitor: Monitor | None = None
-        self._last_saved: dict[str, Any] | None = None
-        # Our mark on every server we launch (ownership.MARK_VAR): what makes a process provably ours.
-        self.instance_id = ports.cleanup.instance_id(cfg.state.dir)
-        self._launch_nonce: str | None = None
-        self._oom_kills_at_launch: int | None = None
         self._control: ControlHandle | None = None
         self._failure: _TaskFailed | None = None  # the first background task that failed
         self._closing = False
-        self._router: RouterSync | None = None  # SGLang's router's view of the server ([router])
-        self._router_removal: asyncio.Task[None] | None = None
-        self._router_worker_id: str | None = None  # from state.json, until the router sync runs
+        self._rolling: asyncio.Task[None] | None = None
+        self.units = [self._unit(u) for u in server_configs(cfg)]
+
+    def _unit(self, cfg: Config) -> ServerUnit:
+        name = unit_name(cfg)
+        if not self.cfg.units:  # a single [server]: the daemon's own store and GPU probe
+            return ServerUnit(cfg, self.p, self, store=self.p.store, gpu_probe=self.p.gpu_probe,
+                              sinks=self.p.server_sinks.get(name, ()))
+        if self.p.store_at is None or self.p.gpu_probe_for is None:
+            raise ValueError("several [[server]] entries need Ports.store_at and Ports.gpu_probe_for")
+        return ServerUnit(
+            cfg, self.p, self, label=name, store=self.p.store_at(cfg.state.dir),
+            gpu_probe=self.p.gpu_probe_for(cfg.gpu), sinks=self.p.server_sinks.get(name, ()),
+        )
+
+    # A single [server]: the daemon is its one unit (what tests and callers read).
+    @property
+    def core(self) -> Core | None:
+        return self.units[0].core
+
+    @property
+    def server(self) -> ServerHandle | None:
+        return self.units[0].server
+
+    def unit(self, name: str) -> ServerUnit:
+        return next(u for u in self.units if u.name == name)
 
     # -- the table of contents --------------------------------------------------------------
 
     async def run(self) -> int:
         try:
-            self.p.store.acquire()
+            acquired = self._lock()
         except StoreError as exc:
             self.log.error("daemon_refused", reason=str(exc))
             return 1
         try:
-            self._load_state()
             self._install_signals()
-            self._start_background()
+            interval = self.p.notifier.watchdog_interval()
+            if interval:
+                self.spawn(watchdog_loop(self.p.notifier, interval), "watchdog")
+            for unit in self.units:
+                unit.start_background()
             await self._start_control()
             self.emit(ev.DaemonStarted(version=_version(), config=self.cfg.name, pid=os.getpid()))
             self.p.notifier.ready()
-            self.feed(Boot())
+            for unit in self.units:
+                unit.feed(Boot())
             while self.exit_code is None:
-                event = await self._queue.get()
-                if isinstance(event, _TaskFailed):
-                    self._fail(event)
-                else:
-                    self.feed(event)
-            return self.exit_code
+                item = await self._queue.get()
+                if isinstance(item, _TaskFailed):
+                    self._fail(item)
+                    continue
+                unit, event = item
+                unit.feed(event)
+                if all(u.exit_code is not None for u in self.units):
+                    self.exit_code = max(u.exit_code or 0 for u in self.units)
         finally:
             await self._shutdown()
+            for store in reversed(acquired):
+                store.release()
+        return self.exit_code
 
-    def post(self, event: machine.Event) -> None:
-        """Queue an event for the core (safe from callbacks and signal handlers)."""
-        self._queue.put_nowait(event)
+    def _lock(self) -> list[Store]:
+        """The state directory's lock, then each server's own (several servers): a second
+        daemon on the same config, or one server's directory, is refused."""
+        acquired: list[Store] = []
+        try:
+            for store in (self.p.store, *(u.store for u in self.units if u.store is not self.p.store)):
+                store.acquire()
+                acquired.append(store)
+        except StoreError:
+            for store in reversed(acquired):
+                store.release()
+            raise
+        return acquired
 
-    def feed(self, event: machine.Event) -> None:
-        """One step of the core, then its actions, in order."""
-        assert self.core is not None
-        ctx = Ctx(now=asyncio.get_running_loop().time(), cfg=self.cfg, rng=self.p.rng, wall_time=wall_now())
-        self.core, actions = machine.step(self.core, event, ctx)
-        for action in actions:
-            self._do(action)
+    # -- what units use (unit.Host) ---------------------------------------------------------
 
-    # -- actions ----------------------------------------------------------------------------
+    def post(self, unit: ServerUnit, event: machine.Event) -> None:
+        """Queue an event for ``unit``'s core (safe from callbacks and signal handlers)."""
+        self._queue.put_nowait((unit, event))
 
-    def _do(self, action: machine.Action) -> None:
-        match action:
-            case Emit(event=event):
-                self.emit(event)
-            case SetTimer(name=name, delay_s=delay):
-                self._cancel_timer(name)
-                loop = asyncio.get_running_loop()
-                self._timers[name] = loop.call_later(max(0.0, delay), self._timer_fired, name)
-            case CancelTimer(name=name):
-                self._cancel_timer(name)
-            case Persist():
-                self._persist()
-            case Prepare():
-                self._prepare_task = self._spawn(self._prepare(), "prepare")
-            case Launch() as launch:
-                self._launch_task = self._spawn(self._launch(launch), "launch")
-            case Probe():
-                task = self._spawn(self._probe(), "probe")
-                self._probe_tasks.add(task)
-                task.add_done_callback(self._probe_tasks.discard)
-            case StopServer(grace_s=grace, reason=reason, mode=mode):
-                self._spawn(self._stop_server(grace, reason, mode), "stop")
-            case RouterAdd():
-                if self._router is not None:
-                    self._router.want_in(worker_url(self.cfg))
-            case RouterRemove(reason=reason, at=at):
-                if self._router is not None:
-                    self._router_removal = self._spawn(self._router.take_out(reason, at), "router-remove")
-            case Exit(code=code):
-                self.exit_code = code
-
-    def _timer_fired(self, name: Timer) -> None:
-        """A timer is due: the core is told, with when the server last printed a line (what
-        the startup-silence timer weighs; the others ignore it)."""
-        self._timers.pop(name, None)
-        server = self.server
-        self.post(TimerFired(name, last_output_at=server.last_output_at if server else None))
-
-    def emit(self, event: ev.Event) -> None:
-        """Stamp ``event`` with our host and instance and hand it to every sink."""
-        event = replace(event, host=self.p.host, instance=self.instance)
-        for sink in self.p.sinks:
+    def deliver(self, event: ev.Event, sinks: Sequence[ev.EventSink]) -> None:
+        """Hand a stamped event to the daemon's sinks, then to ``sinks`` (a server's own)."""
+        for sink in (*self.p.sinks, *sinks):
             try:
                 sink.emit(event)
             except Exception as exc:  # noqa: BLE001 - a broken sink must not stop supervision
                 self.log.warning("sink_failed", sink=type(sink).__name__, error=repr(exc)[:200])
-        if isinstance(event, ev.StateChanged):
-            self._notify_status()
-        elif isinstance(event, ev.RouterRegistered | ev.RouterRemoved):
-            self._persist()  # the worker id the router gave is kept in state.json
 
-    def _notify_status(self) -> None:
-        core = self.core
-        if core is None:
-            return
-        fraction = "sglang" if core.learned.fraction is None else f"{core.learned.fraction:g}"
-        text = (
-            f"{core.state} fraction={fraction} restarts={core.learned.restarts}"
-            f" last={core.last_cause or '-'}"
-        )
-        self.p.notifier.status(text)
+    def emit(self, event: ev.Event) -> None:
+        """A daemon-wide event: stamped with host and instance, to every sink of every server."""
+        event = replace(event, host=self.p.host, instance=self.instance)
+        self.deliver(event, [sink for name in self.p.server_sinks for sink in self.p.server_sinks[name]])
 
-    # -- preparing a launch -----------------------------------------------------------------
+    def notify_status(self) -> None:
+        self.p.notifier.status(" | ".join(u.status_text() for u in self.units))
 
-    async def _prepare(self) -> None:
-        """Clear our old servers off the GPUs, wait for memory, run preflight."""
-        cfg = self.cfg
-        try:
-            gpus = await self._sample_or_none()
-            holders = {p.pid: (g.index, p.used_bytes) for g in gpus for p in g.processes}
-            report = await asyncio.to_thread(
-                self.p.cleanup.find_stale,
-                recorded_pgid=self._recorded_pgid,
-                gpu_pids=list(holders),
-                own_pid=os.getpid(),
-                port=cfg.server.port,
-                recorded_since=self._recorded_since,
-                instance=self.instance_id,
-                recorded_tree=self._recorded_tree,
-            )
-            for proc in report.foreign:
-                index, used = holders.get(proc.pid, (None, None))
-                self.emit(ev.ForeignGpuProcess(pid=proc.pid, name=proc.name, cmdline=proc.cmdline,
-                                               reason=proc.reason, gpu=index, used_bytes=used))
-            if report.port_holders and not cfg.gpu.kill_foreign:
-                # Not ours (no mark, not our process group): reported, never killed.
-                self.emit(ev.PortInUse(port=cfg.server.port,
-                                       holders=tuple(p.to_dict() for p in report.port_holders)))
-                who = ", ".join(f"pid {p.pid} {p.name or '?'}" for p in report.port_holders)
-                self.post(PrepareFailed(Cause.PORT_IN_USE, f"port {cfg.server.port} is held by {who}, not ours"))
-                return
-            foreign = report.foreign or report.port_holders
-            if report.ours or (foreign and cfg.gpu.kill_foreign):
-                killed = await self.p.cleanup.kill_stale(
-                    report, grace_s=min(cfg.server.stop_grace_s, 10.0), kill_foreign=cfg.gpu.kill_foreign
-                )
-                self.emit(ev.OrphansKilled(
-                    pids=tuple(killed), titles=tuple(p.name for p in report.ours),
-                    reasons=tuple(p.reason for p in report.ours),
-                ))
-            self._recorded_pgid = None
-            self._recorded_tree = []
-            if cfg.gpu.backend != "none":
-                result = await release.wait_until_released(
-                    self.p.gpu_probe,
-                    min_free_share=cfg.gpu.free_share_min,
-                    timeout_s=cfg.gpu.release_timeout_s,
-                    poll_s=min(1.0, cfg.gpu.interval_s),
-                )
-                if result.error is not None and result.error.lost:
-                    self.post(PrepareFailed(Cause.GPU_HW_ERROR, str(result.error), True))
-                    return
-                if result.error is not None:
-                    # Degraded: we cannot see the GPUs, so we cannot prove them free. Launch
-                    # anyway (the server's own startup OOM would tell) and say so once.
-                    self.emit(ev.GpuProbeFailed(error=str(result.error), degraded=True, lost=False))
-                elif not result.ok:
-                    self.emit(result.stuck_event(cfg.gpu.release_timeout_s))
-                    detail = result.describe(cfg.gpu.free_share_min)
-                    self.post(PrepareFailed(Cause.GPU_MEMORY_STUCK, detail, True))
-                    return
-            checks = await self.p.preflight.run_preflight(cfg, self.p.gpu_probe, degraded_ok=True)
-            failed = [c for c in checks if not c.ok]
-            if failed:
-                self.emit(ev.PreflightFailed(
-                    checks=tuple({"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks),
-                    permanent=any(c.permanent for c in failed),
-                ))
-                detail = "; ".join(f"{c.name}: {c.detail}" for c in failed)
-                # A model that is not there is the same finding SGLang would make a minute later.
-                cause = Cause.MODEL_LOAD_ERROR if any(c.name == "model_path" for c in failed) else Cause.PREFLIGHT_FAILED
-                self.post(PrepareFailed(cause, detail, any(c.permanent for c in failed)))
-                return
-            self.post(Prepared())
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - an adapter bug must not kill the daemon
-            self.log.exception("prepare_failed", error=repr(exc)[:300])
-            self.post(PrepareFailed(Cause.PREFLIGHT_FAILED, f"internal error: {exc!r}"[:300]))
+    def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
 
-    async def _sample_or_none(self) -> list[GpuInfo]:
-        try:
-            return await self.p.gpu_probe.sample()
-        except GpuProbeError:
-            return []
-
-    # -- launching and watching -------------------------------------------------------------
-
-    async def _launch(self, launch: Launch) -> None:
-        cfg = self.cfg
-        state_dir = Path(cfg.state.dir)
-        log = self.p.open_log(
-            cfg.logging.server_log or state_dir / "server.log",
-            cfg.logging.server_log_max_bytes,
-            cfg.logging.server_log_backups,
-            on_error=lambda why: self.emit(ev.ServerLogWriteFailed(error=why)),
-        )
-        log.write(f"=== sglang-supervisor launch {launch.attempt} at {wall_now()}: {' '.join(launch.argv)}\n".encode())
-        self._launch_nonce = uuid.uuid4().hex[:16]
-        mark = {MARK_VAR: self.instance_id, LAUNCH_VAR: self._launch_nonce}
-        env = server_env(cfg.server.pass_env, cfg.server.env, self.p.environ, mark)
-        self._oom_kills_at_launch = await asyncio.to_thread(self._oom_kills)
-        try:
-            server = await self.p.spawner.spawn(
-                launch.argv, env=env, cwd=cfg.server.cwd or str(state_dir), log=log,
-                tail_bytes=cfg.logging.tail_bytes,
-            )
-        except ProcessError as exc:
-            log.close()
-            self.post(LaunchFailed(str(exc)))
-            return
-        self.server = server
-        self._server_since = time.time()  # wall clock: compared with process create times
-        self._facts = StartupFactsParser()
-        server.on_line = self._on_server_line
-        server.on_part_died = lambda pid, title: self.post(PartDied(pid, title))
-        self.emit(
-            ev.ServerLaunched(
-                argv=tuple(launch.argv),
-                mem_fraction_static=launch.fraction,
-                hicache_size_gb=launch.hicache_size_gb,
-                attempt=launch.attempt,
-                pid=server.pid,
-                rung=_rung(launch.fraction, cfg),
-                launch_id=self._launch_nonce,
-            ),
-        )
-        self.post(Launched(server.pid))
-        self._spawn(self._watch(server), "watch")
-
-    def _on_server_line(self, line: str) -> None:
-        parser = self._facts
-        if parser is None:
-            return
-        if parser.feed(line):
-            self.post(FactsUpdated(parser.facts))
-            if parser.facts.ready and self.server is not None:
-                self.server.on_line = None  # startup is over: stop parsing lines
-
-    async def _watch(self, server: ServerHandle) -> None:
-        """Wait for the server to end; clean its leftovers; diagnose; report."""
-        status = await server.wait()
-        self.post(ServerDied(status))  # the state changes now; the diagnosis follows
-        server.kill_leftovers()
-        await server.drain_output(0.5)
-        for task in list(self._probe_tasks):
-            task.cancel()  # a late answer must not speak for the next server
-        assert self.core is not None
-        phase = self.core.phase
-        kernel = await asyncio.to_thread(_read_tail, self.cfg.logging.kernel_log)
-        oom_after = await asyncio.to_thread(self._oom_kills)
-        before = self._oom_kills_at_launch
-        delta = None if oom_after is None or before is None else max(0, oom_after - before)
-        diagnosis = await asyncio.to_thread(
-            diagnose, server.tail.get(), exit_status=status, phase=phase, kernel_log=kernel,
-            pids=server.tree_pids(), oom_kill_delta=delta,
-        )
-        await server.close()
-        if self.server is server:
-            self.server = None
-            self._facts = None
-        self.post(ServerExited(status, diagnosis))
-
-    async def _probe(self) -> None:
-        if self._prober is None:
-            s = self.cfg.server
-            host = "127.0.0.1" if s.host in ("0.0.0.0", "::", "") else s.host
-            self._prober = self.p.prober(f"http://{_host_for_url(host)}:{s.port}{self.cfg.health.path}", self.cfg.health.timeout_s)
-        server = self.server
-        if server is not None:
-            known = len(server.tree_pids())
-            parts = await asyncio.to_thread(server.scan_descendants)
-            server.watch_parts(parts)
-            if len(server.tree_pids()) != known:
-                self._persist()  # the tree's pids and create times prove them ours after a daemon crash
-        outcome = await self._prober.probe()
-        ok, detail = outcome.ok, outcome.detail
-        if ok and server is not None and self.core is not None and self.core.state is State.STARTING:
-            # Readiness counts only when the listener on our port is our server's: a server
-            # that fails to bind still sees its warm-up answered by whoever holds the port.
-            ok, detail = await asyncio.to_thread(self._port_is_ours, server)
-        self.emit(ev.ProbeAnswered(ok=ok, duration_s=round(outcome.duration_s, 4), status=outcome.status,
-                                   error=None if ok else detail))
-        self.post(ProbeResult(ok, detail))
-
-    def _port_is_ours(self, server: ServerHandle) -> tuple[bool, str]:
-        """(True, "") when a process of our server's tree listens on the port (blocking)."""
-        port = self.cfg.server.port
-        holders = self.p.cleanup.listeners(port)
-        tree = set(server.tree_pids())
-        if holders & tree or not holders:
-            # No listener visible at all: /proc/net is not readable here; trust the answer.
-            return True, ""
-        return False, f"port {port} answered by pid {', '.join(map(str, sorted(holders)))}, not our server"
-
-    async def _stop_server(self, grace_s: float, reason: str, mode: StopMode = StopMode.DRAIN) -> None:
-        if self._launch_task is not None and not self._launch_task.done():
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._launch_task
-        server = self.server
-        if server is None:
-            # Nothing was running (the launch failed or had not happened): report it gone.
-            self.post(ServerExited(ExitStatus(code=None), _nothing_ran()))
-            return
-        await self._router_removed()
-        self.log.info("server_stopping", reason=reason, grace_s=grace_s, pid=server.pid, mode=mode)
-        first = {StopMode.DRAIN: signal.SIGTERM, StopMode.DUMP: signal.SIGQUIT}.get(mode)  # AWAIT: none
-        await server.stop(grace_s, first)  # the watch task reports the exit
-
-    async def _router_removed(self) -> None:
-        """A stop signals the server only once the router stopped sending it requests (the
-        core put ``RouterRemove`` before ``StopServer``), or after ``[router] remove_wait_s``."""
-        removal = self._router_removal
-        if removal is None or removal.done():
-            return
-        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(asyncio.shield(removal), self.cfg.router.remove_wait_s)
-
-    # -- state ------------------------------------------------------------------------------
-
-    def _load_state(self) -> None:
-        data, warning = self.p.store.load()
-        if warning:
-            self.log.warning("state_corrupt", detail=warning)
-        learned = Learned.initial(self.cfg)
-        if data:
-            try:
-                learned = Learned.from_dict(data["learned"]).rebased(self.cfg)
-            except (KeyError, TypeError, ValueError) as exc:
-                self.log.warning("state_unreadable", detail=f"{exc!r}"[:200])
-            worker_id = data.get("router_worker_id")
-            self._router_worker_id = worker_id if isinstance(worker_id, str) else None
-            recorded = recorded_server(data)
-            self._recorded_pgid = recorded["recorded_pgid"]
-            self._recorded_since = recorded["recorded_since"]
-            self._recorded_tree = recorded["recorded_tree"]
-        self.core = Core.initial(learned)
-
-    def _persist(self) -> None:
-        core = self.core
-        assert core is not None
-        data = {
-            "learned": core.learned.to_dict(),
-            "state": str(core.state),
-            "reason": core.reason,
-            "server_pid": self.server.pid if self.server else core.pid,
-            "server_pgid": self.server.pgid if self.server else core.pid,
-            "server_since": self._server_since if self.server else None,
-            "server_launch": self._launch_nonce if self.server else None,
-            "server_tree": [list(t) for t in self.server.tree()] if self.server else [],
-            "instance_id": self.instance_id,
-            "router_worker_id": self._router.worker_id if self._router else self._router_worker_id,
-            "daemon_pid": os.getpid(),
-            "attempt": core.attempt,
-            "updated": wall_now(),
-        }
-        comparable = {k: v for k, v in data.items() if k != "updated"}
-        if comparable == self._last_saved:
-            return
-        try:
-            self.p.store.save(data)
-            self._last_saved = comparable
-            if self._store_failing:
-                self.log.info("state_write_recovered", path=str(self.p.store.path))
-            self._store_failing = False
-        except StoreError as exc:
-            if not self._store_failing:
-                self.emit(ev.StateWriteFailed(error=str(exc)))
-            self._store_failing = True
-
-    # -- signals, reload, background --------------------------------------------------------
+    # -- signals, control, reload -----------------------------------------------------------
 
     def _install_signals(self) -> None:
         if not self.p.install_signals:
             return
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, self.post, StopRequested("SIGTERM"))
-        loop.add_signal_handler(signal.SIGINT, self.post, StopRequested("SIGINT"))
+        loop.add_signal_handler(signal.SIGTERM, self.request_stop, "SIGTERM")
+        loop.add_signal_handler(signal.SIGINT, self.request_stop, "SIGINT")
         loop.add_signal_handler(signal.SIGHUP, self._reload)
 
     def request_stop(self, reason: str) -> None:
-        self.post(StopRequested(reason))
+        if self._rolling is not None:
+            self._rolling.cancel()
+        for unit in self.units:
+            unit.request_stop(reason)
 
-    def request_restart(self, reason: str) -> None:
-        self.emit(ev.RestartRequested(reason=reason))
-        self.post(RestartRequested(reason))
+    def request_restart(self, reason: str, server: str | None = None) -> dict[str, Any]:
+        """A planned restart of one server, or of all of them one at a time (rolling)."""
+        if self._rolling is not None and not self._rolling.done():
+            return {"ok": False, "error": "a rolling restart is already in progress"}
+        units = self.units if server is None else [u for u in self.units if u.name == server]
+        if not units:
+            known = ", ".join(u.name for u in self.units)
+            return {"ok": False, "error": f"no server {(server or '')[:64]!r} (known: {known})"}
+        before = [{"name": u.name, "state": str(u.core.state) if u.core else None,
+                   "attempt": u.core.attempt if u.core else None} for u in units]
+        self._rolling = self.spawn(self._roll(units, reason), "rolling-restart")
+        first = before[0]
+        return {"ok": True, "state": first["state"], "attempt": first["attempt"], "servers": before}
+
+    async def _roll(self, units: Sequence[ServerUnit], reason: str) -> None:
+        """Restart ``units`` one at a time: each is taken out of the router, drained, stopped,
+        relaunched, READY and back in the router before the next one starts. In a pass over
+        several, a server is taken down only while another one serves: the pass waits for
+        one that is on its way up, and ends, leaving the rest alone, when none is."""
+        for i, unit in enumerate(units):
+            if len(units) > 1 and not await self._another_serves(unit):
+                return
+            core = unit.core
+            before = core.attempt if core else 0
+            self.emit(ev.RollingRestart(step="restart", server=unit.label, detail=f"{i + 1} of {len(units)}: {reason}"))
+            unit.request_restart(reason)
+            left = False
+            ready_at: float | None = None
+            loop = asyncio.get_running_loop()
+            while True:
+                await asyncio.sleep(0.05)
+                core = unit.core
+                if core is None:
+                    continue
+                left = left or core.state is not State.READY
+                if left and core.state in (State.GAVE_UP, State.STOPPED, State.STOPPING):
+                    self.emit(ev.RollingRestart(step="stopped", server=unit.label,
+                                                detail=f"{unit.name} is {core.state}: the servers after it are left as they are"))
+                    return
+                if core.state is State.READY and core.attempt > before:
+                    ready_at = ready_at or loop.time()
+                    if unit.serving():
+                        break
+                    if loop.time() - ready_at > ROLL_ROUTER_WAIT_S:
+                        # The router is away: the server is READY, the router's view is
+                        # reconciled when it returns; the pass goes on.
+                        self.emit(ev.RollingRestart(step="unregistered", server=unit.label, detail=(
+                            f"{unit.name} is READY but not in the router after {ROLL_ROUTER_WAIT_S:g} s: going on")))
+                        break
+        self.emit(ev.RollingRestart(step="done", detail=f"{len(units)} server(s) restarted one at a time"))
+
+    async def _another_serves(self, unit: ServerUnit) -> bool:
+        """Wait until a server other than ``unit`` takes traffic; False when none is READY or
+        on its way there (all gave up or stopped)."""
+        others = [u for u in self.units if u is not unit]
+        said = False
+        while not any(u.serving() for u in others):
+            coming = [u for u in others if u.core is not None and u.core.state not in (State.GAVE_UP, State.STOPPED)]
+            if not coming:
+                self.emit(ev.RollingRestart(step="stopped", server=unit.label, detail=(
+                    f"no other server serves or is starting: {unit.name} is not taken down "
+                    f"(restart --server {unit.name} does it alone)")))
+                return False
+            if not said:
+                self.emit(ev.RollingRestart(step="waiting", server=unit.label,
+                                            detail=f"waiting for {', '.join(u.name for u in coming)} to serve first"))
+                said = True
+            await asyncio.sleep(0.2)
+        return True
 
     async def _start_control(self) -> None:
         """The control socket (``restart``); a daemon without one still supervises."""
@@ -565,19 +299,11 @@ class Daemon:
             self.log.warning("control_unavailable", error=str(exc))
 
     def _on_control(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        core = self.core
-        assert core is not None
         if request.get("cmd") == "restart":
-            self.request_restart(str(request.get("reason") or "requested over the control socket")[:200])
-            return {"ok": True, "state": str(core.state), "attempt": core.attempt}
+            server = request.get("server")
+            reason = str(request.get("reason") or "requested over the control socket")[:200]
+            return self.request_restart(reason, server if isinstance(server, str) else None)
         return {"ok": False, "error": f"unknown command {str(request.get('cmd'))[:40]!r}"}
-
-    def _oom_kills(self) -> int | None:
-        """The cgroup's ``oom_kill`` count now (blocking; None when unreadable or off)."""
-        path = self.cfg.logging.memory_events
-        if path == "off":
-            return None
-        return self.p.oom_kills(path or None)
 
     def _reload(self) -> None:
         if self.p.reload is None:
@@ -587,38 +313,23 @@ class Daemon:
             new = self.p.reload()
         except ConfigError as exc:
             self.emit(ev.ConfigReloaded(ok=False, error=str(exc)))
+            self.p.notifier.ready()
+            return
+        units = server_configs(new)
+        names = [unit_name(u) for u in units]
+        if names != [u.name for u in self.units] or bool(new.units) != bool(self.cfg.units):
+            # Never a server stopped because a new config was bad: the old one stays.
+            self.emit(ev.ConfigReloaded(ok=False, error=(
+                f"the servers changed ({', '.join(u.name for u in self.units)} -> {', '.join(names)}): "
+                "adding, removing or renaming a server needs a restart of the daemon")))
         else:
             self.cfg = new
-            self._prober = None
             self.emit(ev.ConfigReloaded(ok=True))
-            self.post(ConfigChanged())
+            for unit, unit_cfg in zip(self.units, units, strict=True):
+                unit.reload(unit_cfg)
         self.p.notifier.ready()
 
-    def _start_background(self) -> None:
-        interval = self.p.notifier.watchdog_interval()
-        if interval:
-            self._spawn(watchdog_loop(self.p.notifier, interval), "watchdog")
-        if self.cfg.gpu.backend != "none":
-            self._gpu_monitor = self.p.gpu_monitor(
-                self.p.gpu_probe,
-                interval_s=self.cfg.gpu.interval_s,
-                low_free_bytes=int(self.cfg.gpu.low_free_warn_gb * 1024**3),
-                emit=self.emit,
-                on_lost=lambda exc: self.post(GpuLost(str(exc))),
-            )
-            self._spawn(self._gpu_monitor.run(), "gpu-monitor")
-        if self.cfg.router.enabled and self.p.router is not None:
-            self._router = RouterSync(
-                self.p.router, worker_url(self.cfg), emit=self.emit, reconcile_s=self.cfg.router.reconcile_s,
-                worker_id=self._router_worker_id, rng=self.p.rng,
-            )
-            self._spawn(self._router.run(), "router")
-
-    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
+    # -- failures and the end ---------------------------------------------------------------
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         """A task that ends with an error ends the daemon (like a ``TaskGroup``): the core
@@ -636,96 +347,36 @@ class Daemon:
             self._queue.put_nowait(_TaskFailed(task.get_name(), exc))
 
     def _fail(self, failed: _TaskFailed) -> None:
-        """Say so loudly and leave: ``_shutdown`` stops the server (drained, then killed, as
+        """Say so loudly and leave: ``_shutdown`` stops the servers (drained, then killed, as
         on a normal stop), and the non-zero exit has systemd restart the daemon, which clears
-        its own marked server and relaunches."""
+        its own marked servers and relaunches."""
         if self.exit_code is not None:
             return
         self._failure = failed
         self.emit(ev.DaemonFailed(task=failed.task, error=repr(failed.error)[:300], exit_code=EXIT_DAEMON_FAILED))
         self.exit_code = EXIT_DAEMON_FAILED
 
-    def _cancel_timer(self, name: Timer) -> None:
-        handle = self._timers.pop(name, None)
-        if handle is not None:
-            handle.cancel()
-
     async def _shutdown(self) -> None:
         self._closing = True  # a task failing from here on is only logged
         self.p.notifier.stopping()
         if self._control is not None:
             await self._control.close()
-        reason = self.core.reason if self.core else "error"
+        reasons = {u.core.reason for u in self.units if u.core}
+        reason = "; ".join(sorted(r for r in reasons if r)) or "error"
         if self._failure is not None:
             reason = f"task {self._failure.task} failed: {self._failure.error!r}"[:300]
         self.emit(ev.DaemonStopping(reason=reason))
-        for name in list(self._timers):
-            self._cancel_timer(name)
-        if self._launch_task is not None and not self._launch_task.done():
-            # A launch in flight (leaving after a failure): its server must not be missed below.
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._launch_task
-        server = self.server
-        if server is not None and server.returncode is None:
-            # Leaving with a live server (an internal error): never leave it behind, and out
-            # of the router first.
-            if self._router is not None and self._router.wanted:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        self._router.take_out("the daemon is leaving", asyncio.get_running_loop().time()),
-                        self.cfg.router.remove_wait_s,
-                    )
-            await server.stop(self.cfg.server.stop_grace_s)
+        await asyncio.gather(*(u.leave() for u in self.units))
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if self.server is not None:
-            await self.server.close()
-        if self._prober is not None:
-            await self._prober.aclose()
-        with contextlib.suppress(Exception):
-            await self.p.gpu_probe.aclose()
-        if self.core is not None and self.core.state is State.STOPPED:
-            self.core = replace(self.core, pid=None)
-            self._persist()
-        self.p.store.release()
-        if self._facts is not None:
-            self._facts = None
-
-
-def _nothing_ran() -> Any:
-    from supervisor.core.model import Diagnosis, Phase
-
-    return Diagnosis(cause=Cause.OTHER, phase=Phase.STARTING, evidence=("no server process",))
-
-
-def _read_tail(path: str) -> str | None:
-    if not path:
-        return None
-    try:
-        with Path(path).open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - KERNEL_LOG_TAIL))
-            return f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return None
-
-
-def _rung(fraction: float | None, cfg: Config) -> int:
-    from supervisor.core.policy import rung_of
-
-    return rung_of(fraction, cfg.policy.fraction_ladder)
-
-
-def _host_for_url(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
+        for unit in self.units:
+            await unit.close()
 
 
 def _version() -> str:
     from supervisor import __version__
 
     return __version__
-

@@ -69,6 +69,29 @@ def write_config(tmp: Path, sections: dict[str, dict[str, Any]] | None = None, *
     return path
 
 
+def merge_servers(configs: Sequence[Path], path: Path, gpus: Sequence[Sequence[int]] = ()) -> Path:
+    """One daemon's config owning the servers of ``configs`` (each a single-``[server]``
+    config, its file stem the server's name) as ``[[server]]`` entries; the other sections
+    come from the first. ``gpus``: each server's ``[server.gpu] indices``; with simulated
+    GPUs every server then uses the first config's simulated-GPU directory."""
+    import tomllib
+
+    docs = [tomllib.loads(c.read_text()) for c in configs]
+    merged: dict[str, Any] = {k: v for k, v in docs[0].items() if k != "server"}
+    merged["server"] = []
+    sim_dir = docs[0].get("gpu", {}).get("sim_dir")
+    for i, (cfg, doc) in enumerate(zip(configs, docs, strict=True)):
+        entry = {"name": cfg.stem, **doc["server"]}
+        if gpus:
+            entry["gpu"] = {"indices": list(gpus[i])}
+            if sim_dir:
+                entry["env"] = {**entry.get("env", {}), "SGLANG_SIM_GPU_DIR": sim_dir}
+        merged["server"].append(entry)
+    path.write_text(tomli_w.dumps(merged))
+    path.chmod(0o644)
+    return path
+
+
 class DaemonRun:
     """``sglang-supervisor run`` as a subprocess, its stderr (JSON lines) in a file."""
 

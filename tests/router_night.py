@@ -1,13 +1,14 @@
-"""One night of two servers behind the real SGLang router, each owned by a real daemon,
-under client load through the router (tests/test_router_daemon.py asserts on it,
-bench/bench_router.py measures it side by side with the router alone).
+"""One night of two servers behind the real SGLang router, both owned by one real daemon
+(two ``[[server]]`` entries), under client load through the router
+(tests/test_router_daemon.py asserts on it, bench/bench_router.py measures it side by side
+with the router alone).
 
 1. a scheduler of server ``a`` is SIGKILLed while serving (SGLang 0.5.23's crash path with
    its diagnostics on: the main process sleeps 5 s, then kills its tree);
-2. a planned restart of each server in turn (``sglang-supervisor restart``, one after the
-   other: the operator's rolling restart).
+2. a rolling restart: ``sglang-supervisor restart`` once, and the daemon restarts the
+   servers one at a time.
 
-``integrated``: the daemons have ``[router]`` and keep the router's view true; otherwise the
+``integrated``: the daemon has ``[router]`` and keeps the router's view true; otherwise the
 router is given the servers with ``--worker-urls`` and runs at its defaults (60 s health
 checks, 5 retries, a circuit breaker).
 """
@@ -27,7 +28,7 @@ from typing import Any
 
 import psutil
 from conftest import wait_until
-from harness import REPO, DaemonRun, write_config
+from harness import REPO, DaemonRun, merge_servers, write_config
 
 from supervisor.sim.loadgen import prompt
 
@@ -106,65 +107,81 @@ def url_of(cfg: Path) -> str:
 
 
 async def night(tmp_path: Path, start_router: Callable[..., str], concurrency: int, integrated: bool, *,
-                configs: list[Path] | None = None, ready_s: float = 60.0) -> dict[str, Any]:
-    """Kill one server's scheduler under load, then a planned restart of each in turn.
-    ``configs``: the two daemons' configs (default: two simulated servers)."""
+                configs: list[Path] | None = None, ready_s: float = 60.0,
+                gpus: tuple[tuple[int, ...], ...] = ((0,), (1,))) -> dict[str, Any]:
+    """Kill one server's scheduler under load, then a rolling restart of both.
+    ``configs``: the two servers' own configs (default: two simulated servers), merged into
+    one daemon's ``[[server]]`` entries (``gpus``: their indices; () for none)."""
     configs = configs or two_servers(tmp_path)
     urls = [url_of(c) for c in configs]
+    merged = merge_servers(configs, tmp_path / "pair.toml", gpus)
     if integrated:
         router_url = await asyncio.to_thread(start_router)
-        for cfg in configs:
-            cfg.write_text(cfg.read_text() + f'\n[router]\nenabled = true\nurl = "{router_url}"\nreconcile_s = 2.0\n')
+        merged.write_text(merged.read_text() + f'\n[router]\nenabled = true\nurl = "{router_url}"\nreconcile_s = 2.0\n')
     else:
         router_url = await asyncio.to_thread(start_router, "--worker-urls", *urls)
     out: dict[str, Any] = {"concurrency": concurrency, "integrated": integrated}
-    with DaemonRun(configs[0]) as a, DaemonRun(configs[1]) as b:
-        for d in (a, b):
-            await asyncio.to_thread(d.wait_for, "server_ready", ready_s)
+    with DaemonRun(merged) as d:
+        for name in ("a", "b"):
+            await asyncio.to_thread(d.wait_for, "server_ready", ready_s, server=name)
         await asyncio.to_thread(wait_until, lambda: listed(router_url) == sorted(urls), 30, 0.05, "both servers listed")
 
         # 1. a scheduler SIGKILLed while serving
         load = Load(router_url, concurrency)
         load.start()
         await asyncio.sleep(1.0)
-        main = int(a.wait_for("launch")["pid"])
+        main = int(d.wait_for("launch", server="a")["pid"])
+        b_launches = len(d.find("launch", server="b"))
         victim = scheduler_of(main)
         exited: dict[str, float] = {}
         watcher = watch_exit(main, exited)
         killed_at = time.monotonic()
         victim.kill()
-        await asyncio.to_thread(a.wait_for, "server_ready", ready_s, attempt=2)
+        await asyncio.to_thread(d.wait_for, "server_ready", ready_s, attempt=2, server="a")
         await asyncio.to_thread(wait_until, lambda: listed(router_url) == sorted(urls), 30, 0.05, "listed again")
         await asyncio.sleep(1.0)
         await load.stop()
-        out["crash"] = {"ok": load.ok, "failed": len(load.failed), "examples": load.failed[:3]}
+        out["crash"] = {"ok": load.ok, "failed": len(load.failed), "examples": load.failed[:3],
+                        "other_server_relaunched": len(d.find("launch", server="b")) - b_launches}
         if integrated:
-            down = a.wait_for("server_down")
-            removed = next(r for r in a.find("router_removed") if r["mono"] >= down["mono"])
+            down = d.wait_for("server_down", server="a")
+            removed = next(r for r in d.find("router_removed", server="a") if r["mono"] >= down["mono"])
             out["crash"]["noticed_s"] = round(down["mono"] - killed_at, 4)
             out["crash"]["removed_s"] = round(removed["mono"] - killed_at, 4)
             out["crash"]["removed_after_decision_s"] = removed["after_s"]
         watcher.join(30)
         out["crash"]["main_exit_s"] = round(exited["at"] - killed_at, 4) if "at" in exited else None
 
-        # 2. a planned restart of each server in turn (the operator's rolling restart)
+        # 2. a rolling restart: one command, the daemon restarts the servers one at a time
         load = Load(router_url, concurrency)
         load.start()
         await asyncio.sleep(1.0)
-        for d, cfg, attempt in ((a, configs[0], 3), (b, configs[1], 2)):
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "supervisor.cli", "restart", "--config", str(cfg),
-                stdout=asyncio.subprocess.DEVNULL, cwd=REPO,
-            )
-            assert await proc.wait() == 0
-            await asyncio.to_thread(d.wait_for, "server_ready", ready_s, attempt=attempt)
-            await asyncio.to_thread(wait_until, lambda: listed(router_url) == sorted(urls), 30, 0.05, "listed again")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "supervisor.cli", "restart", "--config", str(merged),
+            stdout=asyncio.subprocess.DEVNULL, cwd=REPO,
+        )
+        assert await proc.wait() == 0
+        await asyncio.to_thread(d.wait_for, "rolling_restart", ready_s, step="done")
+        await asyncio.to_thread(wait_until, lambda: listed(router_url) == sorted(urls), 30, 0.05, "listed again")
         await asyncio.sleep(1.0)
         await load.stop()
-        out["restart"] = {"ok": load.ok, "failed": len(load.failed), "examples": load.failed[:3]}
+        out["restart"] = {"ok": load.ok, "failed": len(load.failed), "examples": load.failed[:3],
+                          "order": rolling_order(d)}
     return out
 
 
+def rolling_order(d: DaemonRun) -> list[str]:
+    """The rolling restart's steps as "a: stop" / "a: ready" lines, in the daemon's order."""
+    steps = []
+    start = d.wait_for("rolling_restart", step="restart")["mono"]
+    for e in d.events():
+        if e.get("mono", 0) < start or e.get("server") not in ("a", "b"):
+            continue
+        if e.get("event") == "state_changed" and e.get("to") == "RESTARTING":
+            steps.append(f"{e['server']}: stop")
+        elif e.get("event") == "server_ready":
+            steps.append(f"{e['server']}: ready")
+    return steps
 
 
 def watch_exit(pid: int, out: dict[str, float]) -> threading.Thread:

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from supervisor.core.config import Config, ConfigError, load_config
 
 REPO = Path(__file__).resolve().parent.parent
-SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "name"}
+SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name not in ("name", "units")}
 KNOWN_KEYS = {
     name: [f.name for f in dataclasses.fields(getattr(Config(), name))] for name in SECTIONS
 }

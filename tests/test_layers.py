@@ -77,7 +77,7 @@ def test_the_daemon_side_loads_no_simulator_torch_or_sglang() -> None:
     modules = [
         "supervisor.cli", "supervisor.cli.run", "supervisor.cli.status", "supervisor.cli.restart",
         "supervisor.cli.preflight", "supervisor.cli.drill", "supervisor.cli.explain", "supervisor.cli.registry",
-        "supervisor.daemon", "supervisor.preflight", "supervisor.release", "supervisor.routing",
+        "supervisor.daemon", "supervisor.unit", "supervisor.preflight", "supervisor.release", "supervisor.routing",
         *(f"supervisor.adapters.{p.stem}" for p in (REPO / "supervisor" / "adapters").glob("*.py")),
         *(f"supervisor.sinks.{p.stem}" for p in (REPO / "supervisor" / "sinks").glob("*.py")),
     ]

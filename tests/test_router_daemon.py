@@ -1,6 +1,7 @@
-"""Two servers behind the real SGLang router, each owned by a real daemon, under client load
-through the router: a killed scheduler and a planned restart of each in turn cost no
-request, and the dying server is out of the router before its main process exits.
+"""Two servers behind the real SGLang router, both owned by one real daemon (``[[server]]``),
+under client load through the router: a killed scheduler and a rolling restart (one
+``restart`` command, the servers one at a time) cost no request, the dying server is out
+of the router before its main process exits, and the other server is never touched.
 
 The night is ``tests/router_night.py``; the servers are the simulator, on SGLang 0.5.23's
 crash path with its diagnostics on: after a scheduler dies the main process sleeps 5 s
@@ -30,5 +31,9 @@ async def test_no_request_fails_with_the_daemon_keeping_the_router_true(
     crash, restart = night["crash"], night["restart"]
     assert crash["ok"] > 0 and crash["failed"] == 0, crash
     assert restart["ok"] > 0 and restart["failed"] == 0, restart
+    # one daemon, two servers: the crash of one never touched the other; one restart
+    # command took them down one at a time, each back before the next
+    assert crash["other_server_relaunched"] == 0, crash
+    assert restart["order"] == ["a: stop", "a: ready", "b: stop", "b: ready"], restart
     # out of the router within milliseconds of the death, seconds before SGLang's main exits
     assert crash["removed_s"] < 0.5 < crash["main_exit_s"] - 3.0, crash

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import signal
 
-    from supervisor.core.config import Config
+    from supervisor.core.config import Config, GpuConfig
     from supervisor.core.events import Event, EventSink
     from supervisor.core.model import ExitStatus
 
@@ -392,6 +392,11 @@ class Ports:
     oom_kills: OomKillReader
     gpu_probe: GpuProbe = field(default_factory=NoneProbe)
     router: Router | None = None  # SGLang's router's client when [router] enabled
+    # Several [[server]] entries: each server's state store (by its state directory), GPU
+    # probe (of its [gpu] indices) and own sinks (its metrics and alerts, by name).
+    store_at: Callable[[str], Store] | None = None
+    gpu_probe_for: Callable[[GpuConfig], GpuProbe] | None = None
+    server_sinks: Mapping[str, Sequence[EventSink]] = field(default_factory=dict)
     notifier: Any = field(default_factory=NullNotifier)  # sdnotify.Notifier in production
     rng: random.Random = field(default_factory=random.Random)
     reload: Callable[[], Config] | None = None  # SIGHUP: re-read the config

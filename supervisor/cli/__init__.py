@@ -2,8 +2,8 @@
 
     sglang-supervisor run --config F [--set S.K=V ...] [--dry-run]     (cli/run.py)
     sglang-supervisor check-config --config F
-    sglang-supervisor status --config F [--json]                       (cli/status.py)
-    sglang-supervisor restart --config F [--no-wait] [--timeout S]     (cli/restart.py)
+    sglang-supervisor status --config F [--server NAME] [--json]       (cli/status.py)
+    sglang-supervisor restart --config F [--server NAME] [--no-wait]   (cli/restart.py)
     sglang-supervisor explain LOGFILE|- [--json]                       (cli/explain.py)
     sglang-supervisor preflight --config F [--json]                    (cli/preflight.py)
     sglang-supervisor drill --config F                                 (cli/drill.py)
@@ -100,15 +100,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--server", metavar="NAME", help="only this server (a config with several [[server]])")
 
     p = _command(
         sub, "restart",
-        "a planned restart of the running daemon's server: drain, stop, relaunch with the current flags",
-        f"sglang-supervisor restart --config {CONFIG}",
-        "Ask the running daemon to drain its server (SIGTERM to SGLang's main process: in-flight "
-        "requests finish), stop it and relaunch it with the current flags, then wait until it is READY again.",
+        "a planned restart of the running daemon's servers, one at a time: drain, stop, relaunch with the current flags",
+        f"sglang-supervisor restart --config {CONFIG} --server tp4-a",
+        "Ask the running daemon to take its server out of SGLang's router, drain it (SIGTERM to "
+        "SGLang's main process: in-flight requests finish), stop it and relaunch it with the current "
+        "flags, then wait until it is READY (and back in the router) again. With several servers it "
+        "does so one at a time, and takes one down only while another serves; --server restarts one.",
     )
     _add_config(p, overrides=False)
+    p.add_argument("--server", metavar="NAME", help="restart only this server (default: all, one at a time)")
     p.add_argument("--no-wait", action="store_true", help="return once the daemon has accepted the request")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for READY (default 3600)")
 
@@ -171,20 +175,20 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"{args.config}: ok")
         return 0
     if cmd == "run":
-        from supervisor.cli.run import next_argv, run_daemon_async
+        from supervisor.cli.run import dry_run, run_daemon_async
 
         if args.dry_run:
-            print(json.dumps(list(next_argv(cfg))))
+            print(json.dumps(dry_run(cfg)))
             return 0
         return asyncio.run(run_daemon_async(cfg, config_path=args.config, overrides=args.overrides))
     if cmd == "status":
         from supervisor.cli.status import status
 
-        return status(cfg, as_json=args.json)
+        return status(cfg, server=args.server, as_json=args.json)
     if cmd == "restart":
         from supervisor.cli.restart import restart
 
-        return restart(cfg, wait=not args.no_wait, timeout_s=args.timeout)
+        return restart(cfg, server=args.server, wait=not args.no_wait, timeout_s=args.timeout)
     if cmd == "preflight":
         from supervisor.cli import preflight
 

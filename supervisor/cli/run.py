@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from supervisor.core.config import Config, ConfigError, load_config
+from supervisor.core.config import Config, ConfigError, load_config, server_configs, unit_name
 
 if TYPE_CHECKING:
     from supervisor.adapters.router import RouterClient
@@ -49,30 +49,41 @@ async def run_daemon_async(
     logger = logs.configure(cfg.logging.format, cfg.logging.level, log_stream)
     host = socket.gethostname()
     instance = cfg.mqtt.instance or cfg.name
-    sinks: list[Any] = [logs.LogSink(logger)]
     metrics_server = None
-    alerter = None
-    metrics = None
-    if cfg.metrics.enabled:
-        from supervisor.sinks.metrics import Metrics, MetricsError, start_metrics_server
+    alerters: list[MqttAlerter] = []
+    registries: dict[str, CollectorRegistry] = {}
+    server_sinks: dict[str, list[Any]] = {}
+    for unit in server_configs(cfg):
+        # Each server its own metrics (served under a `server` label) and, with several
+        # servers, its own MQTT instance ("kimi-tp4-a"): its state topic and Last Will.
+        name = unit_name(unit)
+        own: list[Any] = server_sinks.setdefault(name, [])
+        metrics = None
+        if cfg.metrics.enabled:
+            from supervisor.sinks.metrics import Metrics
 
-        prom_registry = CollectorRegistry(auto_describe=True)
-        metrics = Metrics(
-            prom_registry, fraction_ladder=cfg.policy.fraction_ladder, headroom_min_gb=cfg.gpu.headroom_min_gb,
-            hostname=host, gpu_indices=cfg.gpu.indices,
-        )
-        sinks.append(metrics)
+            registries[name] = CollectorRegistry(auto_describe=True)
+            metrics = Metrics(
+                registries[name], fraction_ladder=unit.policy.fraction_ladder,
+                headroom_min_gb=unit.gpu.headroom_min_gb, hostname=host, gpu_indices=unit.gpu.indices,
+            )
+            own.append(metrics)
+        if cfg.mqtt.enabled:
+            alerter = build_alerter(unit, host=host, instance=f"{instance}-{name}" if cfg.units else instance,
+                                    logger=logger, metrics=metrics)
+            await alerter.start()
+            alerters.append(alerter)
+            own.append(alerter)
+    if cfg.metrics.enabled:
+        from supervisor.sinks.metrics import MetricsError, labelled_registry, start_metrics_server
+
         try:
-            metrics_server = await start_metrics_server(cfg.metrics.listen, prom_registry)
+            metrics_server = await start_metrics_server(cfg.metrics.listen, labelled_registry(registries))
         except MetricsError as exc:
             logger.error("metrics_unavailable", error=str(exc))
         else:
             logger.info("metrics_listening", listen=metrics_server.url)
-    if cfg.mqtt.enabled:
-        alerter = build_alerter(cfg, host=host, instance=instance, logger=logger, metrics=metrics)
-        await alerter.start()
-        sinks.append(alerter)
-    sinks.extend(extra_sinks)
+    sinks: list[Any] = [logs.LogSink(logger), *extra_sinks]
 
     def reload() -> Config:
         if config_path is None:
@@ -92,6 +103,9 @@ async def run_daemon_async(
         start_control=control.serve,
         oom_kills=cgroup_oom_kills,
         gpu_probe=registry.make_probe(cfg.gpu),
+        store_at=StateStore,
+        gpu_probe_for=registry.make_probe,
+        server_sinks=server_sinks,
         notifier=Notifier.from_env(),
         reload=reload,
         host=host,
@@ -106,7 +120,7 @@ async def run_daemon_async(
     finally:
         if ports.router is not None:
             await ports.router.aclose()
-        if alerter is not None:
+        for alerter in alerters:
             await alerter.aclose()
         if metrics_server is not None:
             await metrics_server.close()
@@ -131,6 +145,14 @@ def build_alerter(cfg: Config, *, host: str, instance: str, logger: Any, metrics
 
     return MqttAlerter(cfg.mqtt, host=host, instance=instance, logger=logger,
                        on_health=alerting_health_callback(metrics))
+
+
+def dry_run(cfg: Config) -> object:
+    """``run --dry-run``'s answer: the next argv of a single ``[server]``, or of each of
+    several ``[[server]]`` entries by name."""
+    if not cfg.units:
+        return list(next_argv(cfg))
+    return {unit_name(u): list(next_argv(u)) for u in cfg.units}
 
 
 def next_argv(cfg: Config) -> tuple[str, ...]:

@@ -7,13 +7,36 @@ import json
 import sys
 from typing import IO
 
-from supervisor.core.config import Config
+from supervisor.core.config import Config, select_server, unit_name
 
 
-def status(cfg: Config, *, as_json: bool = False, out: IO[str] | None = None) -> int:
+def status(cfg: Config, *, server: str | None = None, as_json: bool = False, out: IO[str] | None = None) -> int:
+    """One server's status, or each one's in turn (several ``[[server]]``; JSON: by name)."""
+    out = out or sys.stdout
+    units = select_server(cfg, server)
+    if not cfg.units:
+        return _status(units[0], as_json=as_json, out=out)
+    if as_json:
+        from io import StringIO
+
+        merged = {}
+        for unit in units:
+            buf = StringIO()
+            _status(unit, as_json=True, out=buf)
+            merged[unit_name(unit)] = json.loads(buf.getvalue())
+        print(json.dumps({"servers": merged}, indent=1), file=out)
+        return 0
+    for i, unit in enumerate(units):
+        if i:
+            print(file=out)
+        print(f"server:    {unit_name(unit)}  ({unit.state.dir})", file=out)
+        _status(unit, as_json=False, out=out)
+    return 0
+
+
+def _status(cfg: Config, *, as_json: bool, out: IO[str]) -> int:
     from supervisor.adapters.store import StateStore
 
-    out = out or sys.stdout
     store = StateStore(cfg.state.dir)
     data, warning = store.load(move_aside=False)
     running = store.locked_by_other()

@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import tomllib
 import types
 import typing
@@ -84,8 +85,17 @@ def _listen(v: str) -> bool:
     return bool(sep and host and port.isdigit() and _port(int(port)))
 
 
+def _unit_name(v: str) -> bool:
+    return bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", v))
+
+
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
+    # The server's name in metrics (label ``server``), alerts, ``status`` and ``restart
+    # --server``; with several ``[[server]]`` entries also its state directory's name.
+    # Empty = the config file's stem.
+    name: str = field(default="", metadata=_rule("a name of letters, digits, '.', '_' or '-' (at most 63)",
+                                                 lambda v: v == "" or _unit_name(v)))
     command: tuple[str, ...] = field(
         default=DEFAULT_COMMAND,
         metadata=_rule("a non-empty list of strings (argv prefix)", lambda v: len(v) > 0),
@@ -276,11 +286,50 @@ class Config:
     router: RouterConfig = field(default_factory=RouterConfig)
     # Not a TOML key: the stem of the file it came from ("kimi" for kimi.toml).
     name: str = "supervisor"
+    # Not a TOML key: with several ``[[server]]`` entries, one whole config per server (its
+    # own [server], [gpu], [policy], [health], its state directory STATE_DIR/NAME); empty
+    # for a single ``[server]``. Read it through ``server_configs``.
+    units: tuple[Config, ...] = ()
+
+
+def server_configs(cfg: Config) -> tuple[Config, ...]:
+    """The config of each server this daemon owns: ``[[server]]`` entries, or the one ``[server]``."""
+    return cfg.units or (cfg,)
+
+
+def unit_name(cfg: Config) -> str:
+    """A server's name: ``[server] name``, else the config file's stem."""
+    return cfg.server.name or cfg.name
+
+
+def select_server(cfg: Config, name: str | None) -> tuple[Config, ...]:
+    """The servers ``--server NAME`` picks (all of them for None); an unknown name is a
+    ``ConfigError`` naming the known ones."""
+    units = server_configs(cfg)
+    if name is None:
+        return units
+    chosen = tuple(u for u in units if unit_name(u) == name)
+    if not chosen:
+        known = ", ".join(unit_name(u) for u in units)
+        raise ConfigError(f"--server {name[:64]!r}: no such server in {cfg.name} (known: {known})")
+    return chosen
 
 
 # --- loading and validation -------------------------------------------------------------
 
-_SECTIONS: dict[str, type] = {name: hint for name, hint in typing.get_type_hints(Config).items() if name != "name"}
+_SECTIONS: dict[str, type] = {
+    name: hint for name, hint in typing.get_type_hints(Config).items() if name not in ("name", "units")
+}
+# What a ``[[server]]`` entry may set for itself, over the top-level section of that name
+# (``[server.gpu] indices = [0, 1, 2, 3]`` after ``[[server]]``); None = every key. The
+# rest (metrics, MQTT, the state directory, the router's address) belongs to the daemon.
+PER_SERVER: dict[str, frozenset[str] | None] = {
+    "gpu": None,
+    "policy": None,
+    "health": None,
+    "router": frozenset({"worker_url"}),
+    "logging": frozenset({"server_log", "server_log_max_bytes", "server_log_backups", "tail_bytes"}),
+}
 
 
 def _type_name(tp: Any) -> str:
@@ -434,22 +483,102 @@ def _cross_checks(where: str, cfg: Config) -> None:
             f"{where}: [mqtt] password_file = \"\": must be set when username is "
             "(the password is read from a file, never written inline)"
         )
+    if cfg.gpu.indices and "CUDA_VISIBLE_DEVICES" in cfg.server.env:
+        raise ConfigError(
+            f"{where}: [server] env CUDA_VISIBLE_DEVICES: must not be set with [gpu] indices "
+            f"(the supervisor exports {','.join(map(str, cfg.gpu.indices))} from them)"
+        )
     if cfg.router.enabled and not cfg.router.url:
         raise ConfigError(f'{where}: [router] url = "": must be set when enabled = true (e.g. "http://127.0.0.1:30080")')
 
 
 def build_config(data: dict[str, Any], *, where: str = "config", name: str = "supervisor") -> Config:
-    """Validate a parsed TOML document into a ``Config``; ``where`` prefixes every error."""
-    sections: dict[str, Any] = {}
-    for section, raw in data.items():
+    """Validate a parsed TOML document into a ``Config``; ``where`` prefixes every error.
+
+    ``[server]`` may be an array of tables (``[[server]]``): one daemon, several servers,
+    each built into a whole ``Config`` of its own (``units``)."""
+    for section in data:
         if section not in _SECTIONS:
             known = ", ".join(f"[{s}]" for s in _SECTIONS)
             hint = _did_you_mean(section, _SECTIONS, "[{}]")
             raise ConfigError(f"{where}: [{section}]: unknown section{hint} (known: {known})")
-        sections[section] = _build_section(where, section, _SECTIONS[section], raw)
+    if isinstance(data.get("server"), list):
+        return _build_units(data, where=where, name=name)
+    sections = {section: _build_section(where, section, _SECTIONS[section], raw) for section, raw in data.items()}
     cfg = Config(**sections, name=name)
     _cross_checks(where, cfg)
     return cfg
+
+
+def _build_units(data: dict[str, Any], *, where: str, name: str) -> Config:
+    """``[[server]]``: the daemon's sections once, then one ``Config`` per entry, its
+    per-server tables (``PER_SERVER``) laid key by key over the top-level ones."""
+    entries = data["server"]
+    if not entries:
+        raise ConfigError(f"{where}: [[server]]: empty: at least one server is needed")
+    top = {s: raw for s, raw in data.items() if s != "server"}
+    for section, raw in top.items():
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where}: [{section}] must be a table, not {_show(raw)}")
+    base = Config(
+        **{s: _build_section(where, s, _SECTIONS[s], raw) for s, raw in top.items()}, name=name,
+    )
+    units: list[Config] = []
+    for i, entry in enumerate(entries, 1):
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}: [[server]] #{i} must be a table, not {_show(entry)}")
+        unit_where = f"{where}: [[server]] #{i}"
+        label = entry.get("name")
+        if isinstance(label, str) and label:
+            unit_where = f"{where}: server {label[:64]!r}"
+        if not label:
+            raise ConfigError(f'{unit_where}: name: missing: each [[server]] needs a name (e.g. name = "tp4-a")')
+        own = {k: v for k, v in entry.items() if k not in PER_SERVER}
+        sections: dict[str, Any] = {"server": _build_section(unit_where, "server", ServerConfig, own)}
+        for section, allowed in PER_SERVER.items():
+            raw = entry.get(section, {})
+            if not isinstance(raw, dict):
+                raise ConfigError(f"{unit_where}: [server.{section}] must be a table, not {_show(raw)}")
+            if allowed is not None:
+                for key in raw:
+                    if key not in allowed:
+                        raise ConfigError(
+                            f"{unit_where}: [server.{section}] {key}: not set per server "
+                            f"(per server: {', '.join(sorted(allowed))}; the rest goes in [{section}])"
+                        )
+            merged = {**top.get(section, {}), **raw}
+            sections[section] = _build_section(unit_where, section, _SECTIONS[section], merged)
+        state = StateConfig(dir=str(Path(base.state.dir) / sections["server"].name))
+        unit = dataclasses.replace(base, **sections, state=state)
+        _cross_checks(unit_where, unit)
+        units.append(unit)
+    cfg = dataclasses.replace(base, units=tuple(units))
+    _unit_checks(where, cfg)
+    return cfg
+
+
+def _unit_checks(where: str, cfg: Config) -> None:
+    """What several servers in one daemon must not share: a name, a port, a GPU, a log."""
+    seen: dict[tuple[str, object], str] = {}
+
+    def claim(what: str, value: object, owner: str) -> None:
+        other = seen.setdefault((what, value), owner)
+        if other != owner:
+            raise ConfigError(f"{where}: servers {other!r} and {owner!r} have the same {what} {value}")
+
+    for unit in cfg.units:
+        owner = unit.server.name
+        claim("name", owner, f"#{cfg.units.index(unit) + 1}")
+        claim("port", unit.server.port, owner)
+        if unit.logging.server_log:
+            claim("[logging] server_log", unit.logging.server_log, owner)
+        for index in unit.gpu.indices:
+            claim("GPU index", index, owner)
+        if unit.gpu.backend != "none" and not unit.gpu.indices and len(cfg.units) > 1:
+            raise ConfigError(
+                f"{where}: server {owner!r}: [server.gpu] indices: missing: with several servers "
+                "each names its GPUs (exported as its CUDA_VISIBLE_DEVICES)"
+            )
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:

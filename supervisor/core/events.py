@@ -58,6 +58,7 @@ class Event:
 
     host: str = ""  # stamped by the daemon
     instance: str = ""
+    server: str = ""  # the server's name, with several [[server]] in one daemon
 
     def __init_subclass__(cls) -> None:
         # (no super() call: slots=True rebuilds the class, and the zero-argument form would
@@ -73,7 +74,7 @@ class Event:
         out: Json = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name in ("host", "instance") and not value:
+            if f.name in ("host", "instance", "server") and not value:
                 continue
             out[f.name.rstrip("_")] = _edge(value)
         return out
@@ -169,6 +170,17 @@ class RestartRequested(Event):
 
     kind = "restart_requested"
     reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RollingRestart(Event):
+    """A step of ``restart``'s one-at-a-time pass over the servers: ``waiting`` (no other
+    server serves yet), ``restart`` (this one is being restarted), ``stopped`` (it did not
+    come back READY, so the rest are left alone), ``done``."""
+
+    kind = "rolling_restart"
+    step: str
+    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

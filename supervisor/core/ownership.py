@@ -30,6 +30,16 @@ def recorded_server(state: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def gpu_env(indices: Sequence[int]) -> dict[str, str]:
+    """The server's GPUs as CUDA sees them: ``[gpu] indices`` (NVML's, in PCI bus order)
+    as ``CUDA_VISIBLE_DEVICES``, with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so that CUDA counts
+    the cards in the same order NVML does (its default, fastest first, may not). Empty
+    without indices: the server sees what the daemon's environment passes on."""
+    if not indices:
+        return {}
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in indices), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
 def server_env(
     pass_env: Sequence[str], extra: Mapping[str, str], environ: Mapping[str, str],
     mark: Mapping[str, str] | None = None,

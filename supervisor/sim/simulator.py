@@ -706,9 +706,16 @@ class Rank:
         return self.tp == 0
 
 
-def plan_ranks(cfg: SimConfig) -> list[Rank]:
+def plan_ranks(cfg: SimConfig, visible: str | None = None) -> list[Rank]:
+    """The ranks and their GPUs. As in CUDA, rank i runs on visible device base + i: with
+    ``CUDA_VISIBLE_DEVICES`` (integer indices) that is the i-th listed card, else card i."""
+    devices = [int(x) for x in visible.split(",") if x.strip().isdigit()] if visible else []
+
+    def card(n: int) -> int:
+        return devices[n] if n < len(devices) else n
+
     return [
-        Rank(dp, tp, cfg.dp_size, cfg.base_gpu_id + dp * cfg.tp_size + tp, cfg.tp_size, cfg.version == "0.5.6")
+        Rank(dp, tp, cfg.dp_size, card(cfg.base_gpu_id + dp * cfg.tp_size + tp), cfg.tp_size, cfg.version == "0.5.6")
         for dp in range(cfg.dp_size)
         for tp in range(cfg.tp_size)
     ]
@@ -1214,7 +1221,7 @@ class Launcher:
         parent = os.getpid()
         if cfg.dp_size > 1:
             self.fork("data_parallel_controller", "sglang::data_parallel_controller", _idle_child)
-        for rank in plan_ranks(cfg):
+        for rank in plan_ranks(cfg, os.environ.get("CUDA_VISIBLE_DEVICES")):
             orphan = cfg.fail == "orphan" and rank.leader and rank.dp == 0
 
             def target(sock: socket.socket, rank: Rank = rank) -> int:

@@ -33,6 +33,7 @@ from wsgiref.simple_server import WSGIServer
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client.metrics_core import Metric
 
 from supervisor import __version__
 from supervisor.core.events import ALERT_KINDS, Event
@@ -505,6 +506,39 @@ class Metrics:
 
 
 # -- the endpoint ------------------------------------------------------------------------
+
+
+class ServerLabels:
+    """One exposition of several servers' metrics: each server's ``Metrics`` keeps its own
+    registry, and this collector serves them all with a ``server`` label on every sample
+    (one family per metric name, as the text format wants). A daemon with one ``[server]``
+    serves it the same way, so the dashboard's row per server works for one and for many.
+    """
+
+    def __init__(self, registries: Mapping[str, CollectorRegistry]) -> None:
+        self._registries = dict(registries)
+
+    def describe(self) -> list[Metric]:
+        return []  # no fixed set: the families are read at each scrape
+
+    def collect(self) -> Iterable[Metric]:
+        merged: dict[str, Metric] = {}
+        for server, registry in self._registries.items():
+            for family in registry.collect():
+                out = merged.get(family.name)
+                if out is None:
+                    out = merged[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
+                out.samples.extend(
+                    sample._replace(labels={**sample.labels, "server": server}) for sample in family.samples
+                )
+        return list(merged.values())
+
+
+def labelled_registry(registries: Mapping[str, CollectorRegistry]) -> CollectorRegistry:
+    """The registry to serve: every server's metrics under a ``server`` label."""
+    exported = CollectorRegistry(auto_describe=False)
+    exported.register(ServerLabels(registries))
+    return exported
 
 
 @dataclass(slots=True)

@@ -1,7 +1,8 @@
-"""Two real SGLang servers on the CPU behind the real ``sglang-router``, each owned by a real
-daemon with ``[router]``: a SIGKILLed scheduler and a planned restart of each in turn under
-client load through the router cost no request, and the dying server is out of the router
-before its main process exits (SGLang's crash diagnostics on: its main sleeps 5 s first).
+"""Two real SGLang servers on the CPU behind the real ``sglang-router``, both owned by one
+real daemon (two ``[[server]]`` entries, ``[router]``): a SIGKILLed scheduler and a rolling
+restart (one ``restart`` command) under client load through the router cost no request,
+the other server is never touched, and the dying server is out of the router before its
+main process exits (SGLang's crash diagnostics on: its main sleeps 5 s first).
 
 The night is ``tests/router_night.py`` (the same as the simulator's in
 tests/test_router_daemon.py); bench/bench_router.py measures the router alone beside it.
@@ -48,11 +49,15 @@ async def test_two_real_servers_behind_the_router_lose_no_request(
 ) -> None:
     night = await router_night.night(
         tmp_path, start_router, concurrency, integrated=True,
-        configs=two_real_servers(tmp_path, real_sglang), ready_s=240.0,
+        configs=two_real_servers(tmp_path, real_sglang), ready_s=240.0, gpus=(),
     )
     print(json.dumps(night))
     crash, restart = night["crash"], night["restart"]
     assert crash["ok"] > 0 and crash["failed"] == 0, crash
     assert restart["ok"] > 0 and restart["failed"] == 0, restart
+    # one daemon, two servers: the crash of one never touched the other; one restart
+    # command took them down one at a time, each back before the next
+    assert crash["other_server_relaunched"] == 0, crash
+    assert restart["order"] == ["a: stop", "a: ready", "b: stop", "b: ready"], restart
     assert crash["main_exit_s"] is not None and crash["removed_s"] < crash["main_exit_s"], crash
     assert crash["removed_s"] < 1.0, crash
