@@ -262,7 +262,7 @@ class Daemon:
                     return
                 if core.state is State.READY and core.attempt > before:
                     ready_at = ready_at or loop.time()
-                    if unit.serving():
+                    if await unit.serving():
                         break
                     if loop.time() - ready_at > ROLL_ROUTER_WAIT_S:
                         # The router is away: the server is READY, the router's view is
@@ -277,7 +277,7 @@ class Daemon:
         on its way there (all gave up or stopped)."""
         others = [u for u in self.units if u is not unit]
         said = False
-        while not any(u.serving() for u in others):
+        while not [u for u in others if await u.serving()]:
             coming = [u for u in others if u.core is not None and u.core.state not in (State.GAVE_UP, State.STOPPED)]
             if not coming:
                 self.emit(ev.RollingRestart(step="stopped", server=unit.label, detail=(

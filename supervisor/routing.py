@@ -104,6 +104,19 @@ class RouterSync:
                 self._emit(RouterRemoved(worker_url=self.worker_url, worker_ids=tuple(removed), reason=reason,
                                          after_s=after))
 
+    async def routable(self) -> bool:
+        """The router lists our server, healthy: it sends it requests now. A 202 to our add
+        proves nothing (the add is queued), so a rolling restart asks this before it takes
+        the next server out. A failed call is False, and not reported: nothing is changed."""
+        if not self._want:
+            return False
+        async with self._lock:
+            try:
+                workers = await self._router.list_workers()
+            except RouterError:
+                return False
+        return any(same_url(w.url, self.worker_url) and w.healthy for w in workers)
+
     async def reconcile(self) -> bool:
         """Make the router's entries for our URL what they should be; False when a call failed."""
         async with self._lock:

@@ -145,7 +145,6 @@ class ServerUnit:
         self._router: RouterSync | None = None  # SGLang's router's view of the server ([router])
         self._router_removal: asyncio.Task[None] | None = None
         self._router_worker_id: str | None = None  # from state.json, until the router sync runs
-        self.router_registered = False  # the router lists our server (RouterRegistered..RouterRemoved)
 
     # -- the core -------------------------------------------------------------------------
 
@@ -209,14 +208,14 @@ class ServerUnit:
         if isinstance(event, ev.StateChanged):
             self.host.notify_status()
         elif isinstance(event, ev.RouterRegistered | ev.RouterRemoved):
-            self.router_registered = isinstance(event, ev.RouterRegistered)
             self._persist()  # the worker id the router gave is kept in state.json
 
-    def serving(self) -> bool:
-        """READY, and in the router when there is one: this server takes traffic."""
+    async def serving(self) -> bool:
+        """READY, and listed healthy by the router when there is one: it takes traffic."""
         core = self.core
-        ready = core is not None and core.state is State.READY
-        return ready and (self._router is None or self.router_registered)
+        if core is None or core.state is not State.READY:
+            return False
+        return self._router is None or await self._router.routable()
 
     def status_text(self) -> str:
         """This server's part of systemd's STATUS= line."""

@@ -28,7 +28,7 @@ from tests.test_metrics import STARTUP_FACTS, feed, night
 DASHBOARD = Path(__file__).resolve().parent.parent / "etc" / "grafana" / "sglang-supervisor.json"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 # Grafana's variables, replaced by something PromQL accepts.
-VARIABLES = {"$__rate_interval": "1m", "$__interval": "1m", "$__range": "1h", "$instance": ".*"}
+VARIABLES = {"$__rate_interval": "1m", "$__interval": "1m", "$__range": "1h", "$instance": ".*", "$server": "a"}
 KEYWORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left",
             "group_right", "offset", "bool", "inf", "nan"}
 # The panels the issue asks for: (panel type or None for any, a word in the title).
@@ -171,6 +171,32 @@ def test_every_panel_query_is_filtered_by_the_instance_variable(dashboard: dict[
         for target in panel["targets"]:
             selectors = re.findall(r"(?<![\w:])(?:sglang_supervisor_\w+|sglang:\w+)(\{[^}]*\})?", target["expr"])
             assert selectors and all('instance=~"$instance"' in s for s in selectors), target["expr"]
+
+
+def test_every_query_is_per_server_and_a_row_repeats_for_each_server(dashboard: dict[str, Any]) -> None:
+    """A daemon may own several servers (``[[server]]``; every series has a ``server``
+    label): each selector carries the server variable, every aggregation keeps the server
+    apart, and a row of panels repeats once per server."""
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert "server)" in variables["server"]["definition"] and variables["server"]["includeAll"]
+    for panel in query_panels(dashboard):
+        for target in panel["targets"]:
+            selectors = re.findall(r"(?<![\w:])(?:sglang_supervisor_\w+|sglang:\w+)(\{[^}]*\})?", target["expr"])
+            assert all(re.search(r'server=~?"\$server"', s) for s in selectors), target["expr"]
+            for grouping in re.findall(r"\b(?:sum|max|min|avg) by \(([^)]*)\)", target["expr"]):
+                labels = {x.strip() for x in grouping.split(",")}
+                assert "instance" not in labels or "server" in labels, target["expr"]
+    rows = [p for p in dashboard["panels"] if p["type"] == "row" and p.get("repeat") == "server"]
+    assert len(rows) == 1 and "$server" in rows[0]["title"]
+    start = dashboard["panels"].index(rows[0])
+    repeated = []
+    for panel in dashboard["panels"][start + 1:]:
+        if panel["type"] == "row":
+            break
+        repeated.append(panel)
+    assert {p["type"] for p in repeated} >= {"state-timeline", "timeseries"}
+    for panel in repeated:  # one server each: its own series only
+        assert all('server="$server"' in t["expr"] for t in panel["targets"]), panel["title"]
 
 
 def test_every_query_parses_as_promql(dashboard: dict[str, Any], tmp_path: Path) -> None:

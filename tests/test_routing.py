@@ -214,3 +214,30 @@ async def test_an_add_the_router_has_not_listed_yet_is_not_sent_again() -> None:
         router.workers.update(queued)  # the job is done: listed under the id it gave
         assert await sync.reconcile()
         assert sync.worker_id == "w1" and len(events.of("router_registered")) == 1
+
+
+async def test_routable_only_once_the_router_lists_our_server_healthy() -> None:
+    """A rolling restart takes the next server out only once this one gets requests: listed
+    and healthy, not merely added (the router queues an add; its 202 proves nothing)."""
+    async with asyncio.timeout(DEADLINE_S):
+        router, events = FakeRouter(), Events()
+        sync = make(router, events)
+        assert not await sync.routable()  # not wanted in
+        sync.want_in()
+        assert not await sync.routable()  # wanted, not yet listed
+        router.workers["w9"] = OTHER
+        assert not await sync.routable()  # another URL listed is not ours
+        await sync.reconcile()
+        assert router.urls() == [OURS, OTHER]
+        unhealthy = router.list_workers
+
+        async def listed_unhealthy() -> list[RouterWorker]:
+            return [RouterWorker(id=w.id, url=w.url, healthy=False) for w in await unhealthy()]
+
+        router.list_workers = listed_unhealthy  # type: ignore[method-assign]
+        assert not await sync.routable()  # listed, but the router does not send it requests
+        router.list_workers = unhealthy  # type: ignore[method-assign]
+        assert await sync.routable()
+        router.down = True
+        assert not await sync.routable()  # cannot tell: not routable, and nothing reported
+        assert events.kinds() == ["router_registered"]
