@@ -59,6 +59,7 @@ from tests.conftest import free_port  # noqa: E402
 from tests.prom import PrometheusServer  # noqa: E402  (a real Prometheus, as the e2e tests start it)
 
 DASHBOARD = REPO / "etc" / "grafana" / "sglang-supervisor.json"
+DEMO_SERVER = "demo"  # the demo's server: its config is etc/demo.toml, so its name is "demo"
 DEFAULT_OUT = REPO / "docs" / "dashboard.png"
 DEFAULT_SCRAPE_S = 0.1  # the demo's first READY lasts ~0.15 s: a 1 s scrape misses it
 MARGIN_S = 3  # seconds of window before the demo starts and after it ends
@@ -156,6 +157,9 @@ def substitute(expr: str, window: Window, at: float) -> str:
         "$__interval": duration(window.step),
         "$__range": duration(at - window.start),
         "$instance": ".*",
+        # the demo's one server: every server (=~), and its repeated row (one server, =)
+        'server=~"$server"': 'server=~".*"',
+        'server="$server"': f'server="{DEMO_SERVER}"',
     }
     for name, value in variables.items():
         expr = expr.replace(name, value)
@@ -579,6 +583,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     dashboard = json.loads(DASHBOARD.read_text())
+    for panel in dashboard["panels"]:  # the row Grafana repeats per server, for the demo's one
+        panel["title"] = panel["title"].replace("$server", DEMO_SERVER)
     with tempfile.TemporaryDirectory(prefix="render-dashboard-") as tmp:
         print(f"running the demo (about {args.hold + 15:.0f} s) under a scraping Prometheus...", flush=True)
         window, data = scrape(args.prometheus, dashboard, args.hold, args.scrape_interval, Path(tmp))

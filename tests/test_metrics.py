@@ -29,6 +29,7 @@ from supervisor.sinks.metrics import (
     HICACHE_GB,
     Metrics,
     MetricsError,
+    labelled_registry,
     parse_listen,
     rank_gpus,
     start_metrics_server,
@@ -564,3 +565,25 @@ def test_router_registration_removal_time_and_failed_calls() -> None:
     assert value(registry, "router_remove_seconds_bucket", le="0.01") == 0
     assert value(registry, "router_call_failures_total", op="remove") == 1
     assert value(registry, "router_call_failures_total", op="add") == 0
+
+
+def test_several_servers_are_served_as_one_exposition_under_a_server_label() -> None:
+    """Each server's Metrics keeps its own registry; the served registry has one family per
+    name with every sample labelled by its server, and the text parses as Prometheus's."""
+    (a, reg_a), (b, reg_b) = make(), make()
+    a.emit(edge("state_changed", {"from": "STARTING", "to": "READY", "reason": "", "mem_fraction_static": 0.88,
+                                  "hicache_size_gb": 0, "restarts": 0, "last_cause": None}))
+    b.emit(edge("crash", {"cause": "cuda_oom_runtime"}))
+    served = labelled_registry({"tp4-a": reg_a, "tp4-b": reg_b})
+    assert served.get_sample_value(P + "state", {"server": "tp4-a", "state": "READY"}) == 1
+    assert served.get_sample_value(P + "state", {"server": "tp4-b", "state": "READY"}) == 0
+    assert served.get_sample_value(P + "crashes_total", {"server": "tp4-b", "cause": "cuda_oom_runtime"}) == 1
+    assert served.get_sample_value(P + "crashes_total", {"server": "tp4-a", "cause": "cuda_oom_runtime"}) == 0
+    text = generate_latest(served).decode()
+    families = list(text_string_to_metric_families(text))
+    names = [f.name for f in families]
+    assert len(names) == len(set(names))  # one family per metric, both servers in it
+    assert all(s.labels.get("server") in ("tp4-a", "tp4-b") for f in families for s in f.samples)
+    buckets = {s.labels["server"] for f in families for s in f.samples if s.name == P + "startup_duration_seconds_bucket"}
+    assert buckets == {"tp4-a", "tp4-b"}
+    assert text.count("# TYPE sglang_supervisor_state gauge") == 1
