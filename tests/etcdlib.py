@@ -30,9 +30,12 @@ from tests.mosquitto import TlsFiles
 START_S = 30.0  # etcd answers within ~1 s; the 2 shared cores may be busy with SGLang
 
 
+SEARCH = ("/usr/bin", "/usr/sbin")  # where Debian puts them, should PATH be thin
+
+
 def etcd_binary(name: str = "etcd") -> str:
     """``etcd`` or ``etcdctl``; a failure naming the install script when missing."""
-    path = shutil.which(name) or (f"/usr/bin/{name}" if os.path.exists(f"/usr/bin/{name}") else None)
+    path = shutil.which(name) or shutil.which(name, path=os.pathsep.join(SEARCH))
     if path is None:
         package = "etcd-server" if name == "etcd" else "etcd-client"
         pytest.fail(f"{name} is not installed: scripts/install-system-deps installs it (Debian's {package}); "

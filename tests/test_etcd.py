@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.adapters.etcd import EtcdClient, EtcdError, parse_endpoint
+from tests import etcdlib
 from tests.conftest import free_port
 from tests.etcdlib import EtcdServer, etcd_binary, etcd_server  # noqa: F401 - a fixture
 from tests.mosquitto import make_tls_files
@@ -310,6 +311,10 @@ async def test_user_and_password(etcd_server: EtcdServer) -> None:  # noqa: F811
         assert (await good.get("/t/auth")).value == b"ok"  # type: ignore[union-attr]
         with pytest.raises(EtcdError, match="permission denied"):
             await good.put("/elsewhere", b"no")
+        # etcd forgets its tokens when it restarts: the client logs in again by itself.
+        await asyncio.to_thread(etcd_server.restart)
+        kv = await eventually(lambda: good.get("/t/auth"), timeout=10, what="the client to log in again")
+        assert kv.value == b"ok"
     finally:
         await good.aclose()
     bad = EtcdClient([etcd_server.endpoint], timeout_s=TIMEOUT_S, user="node", password="wrong-pw-123")
@@ -333,6 +338,14 @@ def test_endpoints_are_parsed_and_credentials_never_echoed() -> None:
         assert "pw@" not in str(caught.value)
     with pytest.raises(ValueError, match="both"):
         EtcdClient(["h:1"], user="u")
+
+
+def test_a_missing_etcd_fails_the_test_and_never_skips(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(etcdlib, "SEARCH", ())
+    for name in ("etcd", "etcdctl"):
+        with pytest.raises(pytest.fail.Exception, match=f"{name} is not installed: scripts/install-system-deps"):
+            etcd_binary(name)
 
 
 def test_importing_the_adapter_loads_no_grpc() -> None:

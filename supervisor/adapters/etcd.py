@@ -252,28 +252,38 @@ class EtcdClient:
     # -- one bounded call -----------------------------------------------------------------
 
     async def _call(self, op: str, stub: str, method: str, request: Any) -> Any:
-        await self.connect()
         grpc, _ = _client_modules()
         for attempt in (1, 2):
+            await self.connect()
             try:
                 async with asyncio.timeout(self.timeout_s + 1):  # gRPC's deadline, doubly sure
                     return await getattr(self._stubs[stub], method)(
                         request, timeout=self.timeout_s, metadata=self._metadata())
             except grpc.aio.AioRpcError as exc:
-                if attempt == 1 and self._token_expired(grpc, exc):
-                    await self.aclose()  # a fresh token on a fresh channel
-                    await self.connect()
-                    continue
-                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    await self._drop()
-                raise self._error(op, self._why(exc)) from None
+                stale = self._stale_token(exc)
+                error = await self._failed(op, exc)
+                if stale and attempt == 1:
+                    continue  # etcd restarted and forgot our token: once more, logged in again
+                raise error from None
             except TimeoutError:
                 raise self._error(op, f"no answer within {self.timeout_s:g} s") from None
         raise AssertionError("unreachable")
 
-    def _token_expired(self, grpc: Any, exc: Any) -> bool:
+    async def _failed(self, op: str, exc: Any) -> EtcdError:
+        """The error for a failed RPC, after the channel is fixed for the next call: a stale
+        auth token (etcd forgets them on restart) closes it, so the next call logs in again;
+        a silent endpoint moves on to the next one."""
+        grpc, _ = _client_modules()
+        if self._stale_token(exc):
+            await self.aclose()
+        elif exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            await self._drop()
+        return self._error(op, self._why(exc))
+
+    def _stale_token(self, exc: Any) -> bool:
+        grpc, _ = _client_modules()
         return (self._user is not None and exc.code() == grpc.StatusCode.UNAUTHENTICATED
-                and "invalid auth token" in (exc.details() or ""))
+                and "auth token" in (exc.details() or ""))
 
     def _why(self, exc: Any) -> str:
         grpc, _ = _client_modules()
@@ -340,7 +350,7 @@ class EtcdClient:
             async with asyncio.timeout(self.timeout_s + 1):
                 reply = await call.read()
         except grpc.aio.AioRpcError as exc:
-            raise self._error(op, self._why(exc)) from None
+            raise await self._failed(op, exc) from None
         except TimeoutError:
             raise self._error(op, f"no answer within {self.timeout_s:g} s") from None
         finally:
@@ -456,7 +466,7 @@ class EtcdClient:
                     raise self._error(op, "etcd closed the watch stream")
                 responses = [resp]
         except grpc.aio.AioRpcError as exc:
-            raise self._error(op, self._why(exc)) from None
+            raise await self._failed(op, exc) from None
         except TimeoutError:
             raise self._error(op, f"no answer within {self.timeout_s:g} s") from None
         finally:
