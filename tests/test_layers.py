@@ -42,6 +42,7 @@ VIOLATIONS = [
     ("core/machine.py", "import supervisor.sim.simgpu", "the product never imports the simulator"),
     ("daemon.py", "import supervisor.adapters.process", None),  # allowed by the layers: must stay kept
     ("adapters/gpu.py", "import supervisor.adapters.cleanup", "adapters are independent"),
+    ("adapters/etcd.py", "import supervisor.adapters.versions", "adapters are independent"),
     ("sinks/logs.py", "import supervisor.sinks.metrics", "sinks are independent of each other"),
     ("cli/run.py", "import supervisor.sim.simgpu", "the CLI reaches the simulator only through cli.registry"),
     ("sim/demo.py", "import supervisor.daemon", "the simulator never imports the daemon"),
