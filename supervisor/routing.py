@@ -77,12 +77,14 @@ class RouterSync:
         self._kick.set()
 
     async def take_out(self, reason: str, at: float) -> None:
-        """Out of the router now; ``at`` (loop time) is when that was decided."""
+        """Out of the router now; ``at`` (loop time) is when that was decided. What was
+        removed is reported once (``router_removed``), even when a later call failed."""
         self._want = False
         self._recheck = True
         loop = asyncio.get_running_loop()
         async with self._lock:
             removed: list[str] = []
+            after: float | None = None  # decision -> the router's answer to our first removal
             try:
                 if self.worker_id is not None:
                     await self._router.remove(self.worker_id)
@@ -95,14 +97,11 @@ class RouterSync:
                         removed.append(worker.id)
             except RouterError as exc:
                 self._failed("remove", exc)
-                if removed:
-                    self._emit(RouterRemoved(worker_url=self.worker_url, worker_ids=tuple(removed), reason=reason,
-                                             after_s=round(loop.time() - at, 4)))
-                return
-            self._failures = 0
+            else:
+                self._failures = 0
             if removed:
                 self._emit(RouterRemoved(worker_url=self.worker_url, worker_ids=tuple(removed), reason=reason,
-                                         after_s=after))
+                                         after_s=after if after is not None else round(loop.time() - at, 4)))
 
     async def routable(self) -> bool:
         """The router lists our server, healthy: it sends it requests now. A 202 to our add

@@ -144,7 +144,6 @@ class ServerUnit:
         self._oom_kills_at_launch: int | None = None
         self._router: RouterSync | None = None  # SGLang's router's view of the server ([router])
         self._router_removal: asyncio.Task[None] | None = None
-        self._router_worker_id: str | None = None  # from state.json, until the router sync runs
 
     # -- the core -------------------------------------------------------------------------
 
@@ -447,7 +446,9 @@ class ServerUnit:
 
     # -- state ------------------------------------------------------------------------------
 
-    def _load_state(self) -> None:
+    def _load_state(self) -> str | None:
+        """The core from what the state file learned; returns the router worker id it kept."""
+        worker_id = None
         data, warning = self.store.load()
         if warning:
             self.log.warning("state_corrupt", detail=warning)
@@ -457,13 +458,14 @@ class ServerUnit:
                 learned = Learned.from_dict(data["learned"]).rebased(self.cfg)
             except (KeyError, TypeError, ValueError) as exc:
                 self.log.warning("state_unreadable", detail=f"{exc!r}"[:200])
-            worker_id = data.get("router_worker_id")
-            self._router_worker_id = worker_id if isinstance(worker_id, str) else None
+            kept = data.get("router_worker_id")
+            worker_id = kept if isinstance(kept, str) else None
             recorded = recorded_server(data)
             self._recorded_pgid = recorded["recorded_pgid"]
             self._recorded_since = recorded["recorded_since"]
             self._recorded_tree = recorded["recorded_tree"]
         self.core = Core.initial(learned)
+        return worker_id
 
     def _persist(self) -> None:
         core = self.core
@@ -478,7 +480,7 @@ class ServerUnit:
             "server_launch": self._launch_nonce if self.server else None,
             "server_tree": [list(t) for t in self.server.tree()] if self.server else [],
             "instance_id": self.instance_id,
-            "router_worker_id": self._router.worker_id if self._router else self._router_worker_id,
+            "router_worker_id": self._router.worker_id if self._router else None,
             "daemon_pid": os.getpid(),
             "attempt": core.attempt,
             "updated": wall_now(),
@@ -521,7 +523,7 @@ class ServerUnit:
 
     def start_background(self) -> None:
         """This server's GPU monitor and router sync; the state file is read first."""
-        self._load_state()
+        worker_id = self._load_state()
         if self.cfg.gpu.backend != "none":
             self._gpu_monitor = self.p.gpu_monitor(
                 self.gpu_probe,
@@ -534,7 +536,7 @@ class ServerUnit:
         if self.cfg.router.enabled and self.p.router is not None:
             self._router = RouterSync(
                 self.p.router, worker_url(self.cfg), emit=self.emit, reconcile_s=self.cfg.router.reconcile_s,
-                worker_id=self._router_worker_id, rng=self.p.rng,
+                worker_id=worker_id, rng=self.p.rng,
             )
             self._spawn(self._router.run(), "router")
 

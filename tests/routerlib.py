@@ -4,6 +4,7 @@ it never skips."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
@@ -75,19 +76,29 @@ def router_argv(port: int, *extra: str) -> list[str]:
             "--log-level", "info", *extra]
 
 
-@pytest.fixture
-def start_router(tmp_path: Path, no_leftovers: str) -> Iterator[Callable[..., str]]:
-    """Starts real routers (extra flags as arguments); returns each one's base URL."""
+@contextlib.contextmanager
+def routers(logs: Path) -> Iterator[Callable[..., str]]:
+    """``start(*extra_flags)`` starts a real router and returns its base URL; every router
+    started is killed and reaped on the way out (its log in ``logs``)."""
     procs: list[Proc] = []
 
     def start(*extra: str) -> str:
         port = free_port()
-        proc = Proc(router_argv(port, *extra), tmp_path / f"router-{port}.log")
+        proc = Proc(router_argv(port, *extra), logs / f"router-{port}.log")
         procs.append(proc)
         url = f"http://127.0.0.1:{port}"
         proc.wait_http(url + "/health", "the router")
         return url
 
-    yield start
-    for p in procs:
-        p.stop()
+    try:
+        yield start
+    finally:
+        for p in procs:
+            p.stop()
+
+
+@pytest.fixture
+def start_router(tmp_path: Path, no_leftovers: str) -> Iterator[Callable[..., str]]:
+    """Starts real routers (extra flags as arguments); returns each one's base URL."""
+    with routers(tmp_path) as start:
+        yield start

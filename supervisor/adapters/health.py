@@ -13,6 +13,7 @@ import time
 
 import aiohttp
 
+from supervisor.adapters.http import FreshSession
 from supervisor.adapters.ports import ProbeOutcome
 
 MAX_BODY = 64 * 1024
@@ -22,25 +23,14 @@ class HealthProber:
     def __init__(self, url: str, timeout_s: float) -> None:
         self.url = url
         self.timeout_s = timeout_s
-        self._session: aiohttp.ClientSession | None = None
-
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            # A fresh connection per probe: a wedged keep-alive socket must not fake health.
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(force_close=True, limit=4),
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                max_line_size=8190,
-                max_field_size=8190,
-            )
-        return self._session
+        self._http = FreshSession(timeout_s)  # a fresh connection per probe
 
     async def probe(self) -> ProbeOutcome:
         start = time.monotonic()
         status: int | None = None
         try:
             async with asyncio.timeout(self.timeout_s):
-                async with self._client().get(self.url, allow_redirects=False) as resp:
+                async with self._http.session().get(self.url, allow_redirects=False) as resp:
                     status = resp.status
                     await resp.content.read(MAX_BODY)
             ok = status == 200
@@ -54,6 +44,4 @@ class HealthProber:
         return ProbeOutcome(ok, status, time.monotonic() - start, detail)
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._http.aclose()

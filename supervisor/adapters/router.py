@@ -24,6 +24,7 @@ from urllib.parse import quote
 import aiohttp
 from yarl import URL
 
+from supervisor.adapters.http import FreshSession
 from supervisor.adapters.ports import RouterError, RouterWorker
 
 MAX_BODY = 4 * 1024 * 1024  # the worker list of a big fleet fits; a runaway body does not
@@ -39,19 +40,7 @@ class RouterClient:
         self.url = str(self._base).rstrip("/")  # what messages name: no credentials in it
         self._token = token or None
         self.timeout_s = timeout_s
-        self._session: aiohttp.ClientSession | None = None
-
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            # A fresh connection per call: a router restarted between two calls must not
-            # cost a failed call on a dead keep-alive socket.
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(force_close=True, limit=4),
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                max_line_size=8190,
-                max_field_size=8190,
-            )
-        return self._session
+        self._http = FreshSession(timeout_s)  # a fresh connection per call
 
     async def list_workers(self) -> list[RouterWorker]:
         op = "list workers"
@@ -84,9 +73,7 @@ class RouterClient:
         self._expect_2xx(op, status, body)
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._http.aclose()
 
     # -- one bounded exchange -------------------------------------------------------------
 
@@ -97,7 +84,7 @@ class RouterClient:
         url = self._base.with_path(self._base.path.rstrip("/") + path, encoded=True)
         try:
             async with asyncio.timeout(self.timeout_s):
-                async with self._client().request(
+                async with self._http.session().request(
                     method, url, json=payload, headers=headers, allow_redirects=False,
                 ) as resp:
                     body = await resp.content.read(MAX_BODY + 1)
