@@ -185,3 +185,25 @@ def router_client(cfg: Config) -> RouterClient | None:
         if not token:
             raise ConfigError(f"[router] token_file {cfg.router.token_file}: empty")
     return RouterClient(cfg.router.url, token, cfg.router.timeout_s)
+
+
+def etcd_client(cfg: Config, why: str) -> Any:
+    """The etcd client of ``[etcd]`` for ``why`` ("[group]", "[fleet]"), not connected; a
+    missing endpoint list or an unreadable password file is a config error (one line). The
+    etcd client library is imported here, only when something needs it."""
+    from supervisor.adapters.etcd import EtcdClient
+
+    e = cfg.etcd
+    if not e.endpoints:
+        raise ConfigError(f'[etcd] endpoints: missing: {why} needs etcd (e.g. endpoints = ["127.0.0.1:2379"])')
+    password = None
+    if e.username:
+        try:
+            password = Path(e.password_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            what = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            raise ConfigError(f"[etcd] password_file {e.password_file}: cannot read: {what}") from None
+    return EtcdClient(
+        e.endpoints, timeout_s=e.timeout_s, ca_file=e.ca_file or None, cert_file=e.cert_file or None,
+        key_file=e.key_file or None, user=e.username or None, password=password,
+    )

@@ -268,6 +268,25 @@ class RouterConfig:
     reconcile_s: float = field(default=10.0, metadata=_rule("seconds > 0", _positive))
 
 
+def _endpoints(v: tuple[str, ...]) -> bool:
+    return all(bool(e) and not any(c.isspace() for c in e) for e in v)
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdConfig:
+    """The etcd cluster that ``[group]`` and ``[fleet]`` use (the only coordinator between
+    daemons). Not read, and its client never imported, unless one of them is on."""
+
+    endpoints: tuple[str, ...] = field(
+        default=(), metadata=_rule('a list of "HOST:PORT" or "http(s)://HOST:PORT"', _endpoints))
+    timeout_s: float = field(default=5.0, metadata=_rule("seconds > 0", _positive))
+    ca_file: str = field(default="", metadata=_rule("a file path (TLS: the CA that signed etcd's certificate)"))
+    cert_file: str = field(default="", metadata=_rule("a file path (TLS client certificate)"))
+    key_file: str = field(default="", metadata=_rule("a file path (TLS client key)"))
+    username: str = field(default="", metadata=_rule("a string (etcd authentication)"))
+    password_file: str = field(default="", metadata=_rule("a file path (never an inline password)"))
+
+
 @dataclass(frozen=True, slots=True)
 class StateConfig:
     dir: str = field(default="/var/lib/sglang-supervisor", metadata=_rule("a directory path", bool))
@@ -284,6 +303,7 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     state: StateConfig = field(default_factory=StateConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
+    etcd: EtcdConfig = field(default_factory=EtcdConfig)
     # Not a TOML key: the stem of the file it came from ("kimi" for kimi.toml).
     name: str = "supervisor"
     # Not a TOML key: with several ``[[server]]`` entries, one whole config per server (its
@@ -488,6 +508,10 @@ def _cross_checks(where: str, cfg: Config) -> None:
             f"{where}: [server] env CUDA_VISIBLE_DEVICES: must not be set with [gpu] indices "
             f"(the supervisor exports {','.join(map(str, cfg.gpu.indices))} from them)"
         )
+    if cfg.etcd.username and not cfg.etcd.password_file:
+        raise ConfigError(f'{where}: [etcd] password_file = "": must be set when username is (read from a file, never inline)')
+    if bool(cfg.etcd.cert_file) != bool(cfg.etcd.key_file):
+        raise ConfigError(f"{where}: [etcd] cert_file and key_file: set both or neither")
     if cfg.router.enabled and not cfg.router.url:
         raise ConfigError(f'{where}: [router] url = "": must be set when enabled = true (e.g. "http://127.0.0.1:30080")')
 
