@@ -287,6 +287,30 @@ class EtcdConfig:
     password_file: str = field(default="", metadata=_rule("a file path (never an inline password)"))
 
 
+def _hostport(v: str) -> bool:
+    host, sep, port = v.rpartition(":")
+    return bool(sep and host and port.isdigit() and 1 <= int(port) <= 65535)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfig:
+    """One node of SGLang across nodes (``--nnodes``): this daemon owns rank ``node_rank``;
+    a leader among the group's daemons, elected in etcd (``[etcd]``), decides each
+    generation's managed flags, and the group dies and relaunches as one (docs/group.md)."""
+
+    name: str = field(default="", metadata=_rule("a group name of letters, digits, '.', '_' or '-'",
+                                                 lambda v: v == "" or _unit_name(v)))
+    node_rank: int = field(default=0, metadata=_rule("an integer >= 0", lambda v: v >= 0))
+    nnodes: int = field(default=1, metadata=_rule("an integer >= 1", lambda v: v >= 1))
+    dist_init_addr: str = field(default="", metadata=_rule('"HOST:PORT" of node 0\'s rendezvous', lambda v: v == "" or _hostport(v)))
+    # A lease of at least 10 s: keep-alives compete with two spinning schedulers for 2 cores.
+    lease_ttl_s: int = field(default=15, metadata=_rule("an integer >= 10 (seconds)", lambda v: v >= 10))
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.name)
+
+
 @dataclass(frozen=True, slots=True)
 class StateConfig:
     dir: str = field(default="/var/lib/sglang-supervisor", metadata=_rule("a directory path", bool))
@@ -304,6 +328,7 @@ class Config:
     state: StateConfig = field(default_factory=StateConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     etcd: EtcdConfig = field(default_factory=EtcdConfig)
+    group: GroupConfig = field(default_factory=GroupConfig)
     # Not a TOML key: the stem of the file it came from ("kimi" for kimi.toml).
     name: str = "supervisor"
     # Not a TOML key: with several ``[[server]]`` entries, one whole config per server (its
@@ -465,7 +490,16 @@ MANAGED_FLAGS: dict[str, str] = {
     "--enable-hierarchical-cache": "hicache_size_gb",
     "--enable-hicache": "hicache_size_gb",
     "--hicache-size": "hicache_size_gb",
+    "--nnodes": "group.nnodes",
+    "--node-rank": "group.node_rank",
+    "--dist-init-addr": "group.dist_init_addr",
 }
+
+
+def _managed_key(key: str) -> str:
+    """``[server] port`` for "port", ``[group] nnodes`` for "group.nnodes"."""
+    section, _, name = key.rpartition(".")
+    return f"[{section or 'server'}] {name}"
 
 
 def managed_flag(arg: str) -> str | None:
@@ -485,7 +519,7 @@ def _cross_checks(where: str, cfg: Config) -> None:
         if (flag := managed_flag(arg)) is not None:
             raise ConfigError(
                 f"{where}: [server] extra_args = {_show(list(cfg.server.extra_args))}: must not "
-                f"contain {arg!r} (the supervisor sets {flag} from [server] {MANAGED_FLAGS[flag]})"
+                f"contain {arg!r} (the supervisor sets {flag} from {_managed_key(MANAGED_FLAGS[flag])})"
             )
     frac = cfg.server.mem_fraction_static
     ladder = cfg.policy.fraction_ladder
@@ -508,6 +542,17 @@ def _cross_checks(where: str, cfg: Config) -> None:
             f"{where}: [server] env CUDA_VISIBLE_DEVICES: must not be set with [gpu] indices "
             f"(the supervisor exports {','.join(map(str, cfg.gpu.indices))} from them)"
         )
+    g = cfg.group
+    if g.enabled:
+        if g.nnodes < 2 or g.node_rank >= g.nnodes:
+            raise ConfigError(f"{where}: [group] node_rank = {g.node_rank}, nnodes = {g.nnodes}: "
+                              "must be 0 <= node_rank < nnodes, nnodes >= 2")
+        if not g.dist_init_addr:
+            raise ConfigError(f'{where}: [group] dist_init_addr = "": must be node 0\'s "HOST:PORT"')
+        if not cfg.etcd.endpoints:
+            raise ConfigError(f'{where}: [etcd] endpoints: missing: [group] needs etcd (e.g. endpoints = ["127.0.0.1:2379"])')
+        if cfg.router.enabled and g.node_rank != 0:
+            raise ConfigError(f"{where}: [router] enabled on node {g.node_rank}: only node 0 serves requests")
     if cfg.etcd.username and not cfg.etcd.password_file:
         raise ConfigError(f'{where}: [etcd] password_file = "": must be set when username is (read from a file, never inline)')
     if bool(cfg.etcd.cert_file) != bool(cfg.etcd.key_file):
@@ -572,6 +617,8 @@ def _build_units(data: dict[str, Any], *, where: str, name: str) -> Config:
                         )
             merged = {**top.get(section, {}), **raw}
             sections[section] = _build_section(unit_where, section, _SECTIONS[section], merged)
+        if base.group.enabled:
+            raise ConfigError(f"{unit_where}: [group] with [[server]]: a group node's daemon owns one server")
         state = StateConfig(dir=str(Path(base.state.dir) / sections["server"].name))
         unit = dataclasses.replace(base, **sections, state=state)
         _cross_checks(unit_where, unit)

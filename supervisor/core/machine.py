@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from supervisor.core import events as ev
 from supervisor.core import policy
 from supervisor.core.config import Config
+from supervisor.core.group import GROUP_STOP
 from supervisor.core.model import Cause, Diagnosis, ExitStatus, Phase, Remedy, StartupFacts, State
 
 HISTORY_LIMIT = 200
@@ -152,6 +153,7 @@ class Core:
     facts: StartupFacts | None = None
     reason: str = ""  # why the last transition happened (status, gave-up reason)
     part_died: str = ""  # "sglang::scheduler (pid 12)": a process of the tree that died first
+    generation: int = 0  # [group]: the group generation this node runs (or last ran)
 
     @classmethod
     def initial(cls, learned: Learned) -> Core:
@@ -255,10 +257,38 @@ class ConfigChanged:
     """A reload was accepted; the new config is in ctx. Applied at the next launch."""
 
 
+@dataclass(frozen=True, slots=True)
+class GroupLaunch:
+    """[group]: the leader decided generation ``number``: launch this node's rank with these
+    managed flags (the group's, whatever this node learned alone)."""
+
+    number: int
+    fraction: float | None
+    hicache_size_gb: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupEnded:
+    """[group]: generation ``number`` ended (a node's server died, or a node was lost):
+    stop this node's rank, drained, and wait for the next one."""
+
+    number: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class GroupGaveUp:
+    """[group]: the leader gave up on the group (a cause a restart cannot fix, or the crash
+    budget is spent): a human must look."""
+
+    reason: str
+
+
 Event = (
     Boot | Prepared | PrepareFailed | Launched | LaunchFailed | ProbeResult | FactsUpdated
     | ServerDied | ServerExited | TimerFired | GpuLost | StopRequested | ConfigChanged | PartDied
-    | RestartRequested
+    | RestartRequested | GroupLaunch | GroupEnded | GroupGaveUp
 )
 
 
@@ -341,7 +371,20 @@ class Exit:
     code: int
 
 
-Action = Prepare | Launch | StopServer | SetTimer | CancelTimer | Emit | Probe | Persist | Exit | RouterAdd | RouterRemove
+@dataclass(frozen=True, slots=True)
+class GroupReport:
+    """[group]: tell the group how this node's rank of ``generation`` ended (etcd records
+    the order; the leader picks the root cause among the reports)."""
+
+    generation: int
+    diagnosis: Diagnosis
+    exit: str
+
+
+Action = (
+    Prepare | Launch | StopServer | SetTimer | CancelTimer | Emit | Probe | Persist | Exit | RouterAdd | RouterRemove
+    | GroupReport
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,6 +417,9 @@ def build_argv(cfg: Config, fraction: float | None, hicache_size_gb: int) -> tup
         argv += ["--mem-fraction-static", f"{fraction:g}"]
     if hicache_size_gb > 0:
         argv += ["--enable-hierarchical-cache", "--hicache-size", str(hicache_size_gb)]
+    g = cfg.group
+    if g.enabled:
+        argv += ["--nnodes", str(g.nnodes), "--node-rank", str(g.node_rank), "--dist-init-addr", g.dist_init_addr]
     argv += list(s.extra_args)
     return tuple(argv)
 
@@ -654,10 +700,100 @@ def facts_event(facts: StartupFacts) -> ev.StartupFactsEvent:
 
 def step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
     """The next state and the actions to carry out, for one event."""
-    new, actions = _step(core, event, ctx)
+    grouped = _group_step(core, event, ctx) if ctx.cfg.group.enabled else None
+    new, actions = grouped if grouped is not None else _step(core, event, ctx)
     if ctx.cfg.router.enabled:
         actions = _with_router(core, new, actions, ctx.now)
     return new, actions
+
+
+def _group_step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]] | None:
+    """[group]: what a group node does differently (None: as a single server does).
+
+    A node never decides its own relaunch: every end of its server is reported to the group
+    and the node waits (WAITING) for the leader's next generation, launched with the group's
+    flags. Probes, startup facts, hangs, headroom, stops and the daemon's own stop are the
+    single server's rules; only where they would relaunch, the node reports and waits.
+    """
+    s = core.state
+    cfg = ctx.cfg
+    match event:
+        case Boot() if s is State.STOPPED:
+            # STOPPED -> WAITING: nothing is launched before the leader's decision
+            return _transition(core, State.WAITING, "waiting for the group's generation")
+
+        case GroupLaunch(number=number, fraction=fraction, hicache_size_gb=hicache, reason=reason) if (
+            s is State.WAITING and number > core.generation
+        ):
+            # WAITING -> PREPARING: the group's flags, not this node's own
+            learned = replace(core.learned, fraction=fraction, hicache_size_gb=hicache)
+            new, actions = _prepare(replace(core, learned=learned, generation=number),
+                                    f"group generation {number}" + (f": {reason}" if reason else ""))
+            return new, [*actions, Persist()]
+
+        case GroupEnded(number=number, reason=reason) if number == core.generation:
+            if s in (State.STARTING, State.READY):
+                # STARTING/READY -> RESTARTING: drained, then WAITING
+                return _stop_to_relaunch(core, ctx, Cause.OTHER, f"the group's generation ended: {reason}",
+                                         cfg.server.stop_grace_s)
+            if s in (State.PREPARING, State.BACKOFF):
+                # nothing of ours runs yet: PREPARING -> WAITING (a launch in flight is
+                # reported when it ends)
+                new, actions = _transition(core, State.WAITING, f"the group's generation ended: {reason}")
+                return new, [*actions, GroupReport(number, _group_stop(reason, core.phase), "never launched")]
+            return core, []
+
+        case GroupGaveUp(reason=reason) if s not in (State.STOPPING, State.STOPPED, State.GAVE_UP):
+            new, actions = _give_up(core, f"the group gave up: {reason}", None)
+            if core.pid is not None or s is State.STARTING:
+                actions.append(StopServer(cfg.server.stop_grace_s, "the group gave up"))
+            return replace(new, pid=core.pid), actions
+
+        case ServerExited(status=status, diagnosis=diagnosis) if s in (
+            State.STARTING, State.READY, State.EXITED, State.RESTARTING,
+        ):
+            # -> WAITING: a death of our own is a crash of the group's generation; a stop we
+            # made (a hang, headroom, the group's order) is reported with why we made it
+            if s is State.RESTARTING:
+                detail = core.pending_detail
+                ours = Diagnosis(cause=core.pending or Cause.OTHER, phase=core.phase, evidence=(detail,),
+                                 phase_source="daemon")
+                diagnosis = _group_stop(detail, core.phase) if detail.startswith("the group's") else ours
+            record = CrashRecord(
+                wall_time=ctx.wall_time, cause=diagnosis.cause, remedy=diagnosis.remedy, phase=diagnosis.phase,
+                exit=status.describe(), fraction=core.learned.fraction, next_fraction=None,
+                evidence=(diagnosis.evidence[0] if diagnosis.evidence else "")[:300], location=diagnosis.location,
+                attempt=core.attempt,
+            )
+            learned = replace(core.learned, history=(*core.learned.history, record)[-HISTORY_LIMIT:])
+            new, actions = _transition(replace(core, learned=learned, last_cause=diagnosis.cause), State.WAITING,
+                                       f"generation {core.generation} ended here: {diagnosis.cause.summary}", pid=None)
+            crash = [] if s is State.RESTARTING and diagnosis.evidence[:1] == (GROUP_STOP,) else [Emit(ev.Crash(
+                cause=diagnosis.cause, remedy=diagnosis.remedy, phase=diagnosis.phase, exit_code=status.code,
+                signal=status.signal, evidence=tuple(diagnosis.evidence), evidence_lineno=diagnosis.evidence_lineno,
+                location=diagnosis.location, rank=diagnosis.rank, exc_type=diagnosis.exc_type,
+                exc_message=diagnosis.exc_message, mem_fraction_static=core.learned.fraction,
+                hicache_size_gb=core.learned.hicache_size_gb, attempt=core.attempt, next_mem_fraction_static=None,
+                next_hicache_size_gb=None, next_retry_s=None, consecutive_failures=core.failures + 1,
+                certain=diagnosis.certain, phase_source=diagnosis.phase_source, runner_up=diagnosis.runner_up,
+                min_fraction=diagnosis.min_fraction, part_died=core.part_died or None, log_cause=None, log_evidence=(),
+            ))]
+            return new, [*_cancel_run_timers(), *crash, *actions,
+                         GroupReport(core.generation, diagnosis, status.describe())]
+
+        case RestartRequested():
+            return core, []  # a node alone cannot restart a group (docs/group.md)
+
+        case TimerFired(name=Timer.BACKOFF):
+            return core, []  # the leader waits out the group's backoff, not the node
+
+    return None
+
+
+def _group_stop(reason: str, phase: Phase) -> Diagnosis:
+    """How a node reports a rank it stopped because the group's generation ended: an echo,
+    never the root cause (``core.group.rank_of``)."""
+    return Diagnosis(cause=Cause.OTHER, phase=phase, evidence=(GROUP_STOP, reason), phase_source="daemon")
 
 
 def _with_router(old: Core, new: Core, actions: list[Action], now: float) -> list[Action]:

@@ -105,6 +105,7 @@ class State(enum.StrEnum):
     BACKOFF = "BACKOFF"  # crashed; waiting out the restart delay
     STOPPING = "STOPPING"  # daemon shutdown: stopping the server for good
     GAVE_UP = "GAVE_UP"  # a restart cannot fix it or the crash budget is spent
+    WAITING = "WAITING"  # a group node: waiting for the group's next generation ([group])
 
 
 @dataclass(frozen=True, slots=True)

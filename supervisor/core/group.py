@@ -1,0 +1,241 @@
+"""A multi-node group's decisions (issue 16), pure: which node's death is the root cause, and
+what the next generation launches with.
+
+SGLang across nodes (``--nnodes N --node-rank R --dist-init-addr HEAD:PORT``) dies as one:
+when one node's process dies, the others lose their peer and die too, each with its own
+log. Read alone, each log names a cause, and most of them are the echo: node 0 says "gloo
+... Connection reset by peer" (a network error) when node 1 was OOM-killed; node 1 says
+"Received sigquit from a child process" when node 0 died. So the reports of one generation
+are ranked, not raced:
+
+- a hardware cause (a lost GPU, memory that never freed) outranks
+- a memory cause (a CUDA OOM, the KV pool, host memory, headroom), which outranks
+- a cause local to that node (a CUDA error, a hang, a bad argument, a killed process), which
+  outranks
+- an echo: a communication error (NCCL/gloo, a peer reset, a collective timeout) or a log
+  whose only finding is that a child or a peer went away.
+
+Among reports of the same rank, the one etcd recorded first (the lowest revision) wins:
+host clocks are never compared. The winning diagnosis then goes through the same policy as
+a single server's crash, once, for the whole group (``next_generation``).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from supervisor.core import policy
+from supervisor.core.config import PolicyConfig
+from supervisor.core.model import Cause, Diagnosis, Phase, Remedy
+
+GROUP_PREFIX = "/sglang-supervisor/groups"
+# A node's report of a rank it stopped because the generation had ended: never the cause.
+GROUP_STOP = "stopped on the group's order"
+
+
+class Rank(enum.IntEnum):
+    """How strongly a node's report names the group's root cause (higher wins)."""
+
+    ECHO = 0
+    LOCAL = 1
+    MEMORY = 2
+    HARDWARE = 3
+
+
+HARDWARE = frozenset({Cause.GPU_HW_ERROR, Cause.GPU_MEMORY_STUCK})
+MEMORY = frozenset({Cause.CUDA_OOM_RUNTIME, Cause.CUDA_OOM_STARTUP, Cause.KV_POOL_TOO_SMALL, Cause.HOST_OOM,
+                    Cause.HEADROOM_LOW})
+COMMUNICATION = frozenset({Cause.NCCL_ERROR})
+# What a node logs when a peer or a child went away, not why: SGLang's SIGQUIT handlers, a
+# torch.distributed/gloo/NCCL peer loss, a collective that never completed.
+PEER_LOSS = re.compile(
+    r"sigquit from a child|SIGQUIT received|connection reset by peer|connection closed by peer"
+    r"|gloo.*(?:read|write) error|gloo.*connection closed|broadcast_pyobj|collective operation timeout"
+    r"|NCCL (?:communicator was aborted|error: remote process exited)|socket.*(?:closed|reset)",
+    re.IGNORECASE,
+)
+
+
+def rank_of(diagnosis: Diagnosis) -> Rank:
+    """How a node's own diagnosis ranks as the group's root cause (see the module docstring)."""
+    cause = diagnosis.cause
+    if cause in HARDWARE:
+        return Rank.HARDWARE
+    if cause in MEMORY:
+        return Rank.MEMORY
+    if cause in COMMUNICATION or GROUP_STOP in diagnosis.evidence:
+        return Rank.ECHO
+    if cause is Cause.OTHER and (not diagnosis.evidence or all(PEER_LOSS.search(e) for e in diagnosis.evidence)):
+        return Rank.ECHO
+    return Rank.LOCAL
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One node's report of how its rank of a generation ended, as etcd recorded it."""
+
+    node_rank: int
+    generation: int
+    diagnosis: Diagnosis
+    revision: int  # etcd's create revision of the report: its place in the group's order
+    host: str = ""
+
+    @property
+    def rank(self) -> Rank:
+        return rank_of(self.diagnosis)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node_rank": self.node_rank, "generation": self.generation, "host": self.host,
+                "diagnosis": self.diagnosis.to_dict()}
+
+
+def root_cause(reports: Iterable[Report]) -> Report | None:
+    """The report that names the group's root cause: the highest rank, then the earliest
+    revision; None without reports."""
+    return min(reports, key=lambda r: (-r.rank, r.revision), default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """One launch of the whole group: every node launches its rank with these managed flags.
+
+    ``number`` counts generations (the first is 1); ``fraction`` None leaves the flag out
+    (SGLang's choice). ``ended`` is set when any node's server died (or a node was lost):
+    every node stops its rank and reports. ``root_cause`` is the report the leader chose for
+    the generation before, ``reason`` the policy's words, ``delay_s`` the backoff before it.
+    """
+
+    number: int
+    fraction: float | None
+    hicache_size_gb: int
+    config_hash: str
+    leader: str = ""
+    reason: str = ""
+    delay_s: float = 0.0
+    root_cause: Mapping[str, Any] | None = None
+    ended: str = ""  # why the generation ended ("" while it runs)
+    gave_up: bool = False
+    oom_fractions: tuple[float, ...] = ()
+    # Generations in a row that ended without serving stable_after_s (the group's crash
+    # streak: a count, so no two hosts' clocks are ever compared); ``stable`` is set once
+    # this one served that long.
+    failures: int = 0
+    stable: bool = False
+
+    def to_json(self) -> bytes:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["oom_fractions"] = list(self.oom_fractions)
+        d["root_cause"] = dict(self.root_cause) if self.root_cause is not None else None
+        return json.dumps(d, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Generation:
+        d = json.loads(raw)
+        if not isinstance(d, dict):
+            raise ValueError("a generation record must be a JSON object")  # noqa: TRY004 - bad data, as json.loads
+        return cls(
+            number=int(d["number"]),
+            fraction=None if d.get("fraction") is None else float(d["fraction"]),
+            hicache_size_gb=int(d.get("hicache_size_gb", 0)),
+            config_hash=str(d.get("config_hash", "")),
+            leader=str(d.get("leader", "")),
+            reason=str(d.get("reason", "")),
+            delay_s=float(d.get("delay_s", 0.0)),
+            root_cause=d.get("root_cause") if isinstance(d.get("root_cause"), dict) else None,
+            ended=str(d.get("ended", "")),
+            gave_up=bool(d.get("gave_up", False)),
+            oom_fractions=tuple(float(x) for x in d.get("oom_fractions", ())),
+            failures=int(d.get("failures", 0)),
+            stable=bool(d.get("stable", False)),
+        )
+
+
+def first_generation(fraction: float | None, hicache_size_gb: int, config_hash: str, leader: str) -> Generation:
+    """The group's first generation: the leader's configured (or learned) flags."""
+    return Generation(number=1, fraction=fraction, hicache_size_gb=hicache_size_gb, config_hash=config_hash,
+                      leader=leader, reason="the group's first generation")
+
+
+def next_generation(ended: Generation, reports: Sequence[Report], cfg: PolicyConfig, *, leader: str,
+                    jitter_sample: float) -> Generation:
+    """What the group launches after ``ended``: the root cause among ``reports`` through the
+    single server's policy, once for the whole group (the fraction steps, the backoff grows
+    with the streak, a cause a restart cannot fix gives up). Without a report (a node lost
+    with its host) it is a plain restart."""
+    chosen = root_cause(reports)
+    diagnosis = chosen.diagnosis if chosen is not None else Diagnosis(
+        cause=Cause.OTHER, phase=Phase.SERVING, evidence=(ended.ended or "a node was lost",))
+    failures = 1 if ended.stable else ended.failures + 1
+    decision = policy.decide(
+        cause=diagnosis.cause, remedy=diagnosis.remedy, fraction=ended.fraction,
+        hicache_size_gb=ended.hicache_size_gb, oom_fractions=frozenset(ended.oom_fractions),
+        crashes_in_window=failures, failures=failures, cfg=cfg, jitter_sample=jitter_sample,
+        min_fraction=diagnosis.min_fraction,
+    )
+    oom = set(ended.oom_fractions)
+    if diagnosis.remedy is Remedy.FRACTION_DOWN and ended.fraction is not None:
+        oom.add(ended.fraction)
+    where = f"node {chosen.node_rank}" if chosen is not None else "the group"
+    return Generation(
+        number=ended.number + 1,
+        fraction=decision.fraction,
+        hicache_size_gb=decision.hicache_size_gb,
+        config_hash=ended.config_hash,
+        leader=leader,
+        reason=f"{where}: {decision.reason}",
+        delay_s=round(decision.delay_s, 3),
+        root_cause={**chosen.to_dict(), "rank": chosen.rank.name.lower()} if chosen is not None else None,
+        gave_up=decision.give_up,
+        oom_fractions=tuple(sorted(oom, reverse=True)),
+        failures=failures,
+    )
+
+
+def diagnosis_from_dict(d: Mapping[str, Any]) -> Diagnosis:
+    """A report's diagnosis back from its JSON form (``Diagnosis.to_dict``): an unknown cause
+    is ``other``; a remedy other than the cause's own is kept as the override."""
+    try:
+        cause = Cause.parse(str(d.get("cause")))
+    except ValueError:
+        cause = Cause.OTHER
+    try:
+        phase = Phase(str(d.get("phase")))
+    except ValueError:
+        phase = Phase.SERVING
+    remedy = d.get("remedy")
+    override = Remedy(remedy) if remedy in {r.value for r in Remedy} and remedy != cause.remedy.value else None
+    evidence = d.get("evidence") or ()
+    return Diagnosis(
+        cause=cause, phase=phase,
+        evidence=tuple(str(e) for e in (evidence if isinstance(evidence, list | tuple) else [evidence])),
+        location=d.get("location") if isinstance(d.get("location"), str) else None,
+        remedy_override=override,
+        min_fraction=float(d["min_fraction"]) if isinstance(d.get("min_fraction"), int | float) else None,
+        certain=bool(d.get("certain", True)),
+    )
+
+
+# The flags every node must agree on: they shape the group's memory and its rendezvous.
+# Anything else (a log level, an API key) may differ between nodes.
+GROUP_RELEVANT_KEYS = ("model_path", "tp_size", "dp_size", "hicache_size_gb", "mem_fraction_static")
+
+
+def config_hash(server: Mapping[str, Any], memory_flags: Sequence[str], ladder: Sequence[float],
+                nnodes: int, dist_init_addr: str) -> str:
+    """A short hash of what a node's config says about the group: the group-relevant
+    ``[server]`` keys, the memory flags of its ``extra_args`` (normalised by the caller), the
+    ladder, the group's size and rendezvous. Nodes whose hashes differ refuse to join."""
+    identity = {
+        "server": {k: server.get(k) for k in GROUP_RELEVANT_KEYS},
+        "flags": list(memory_flags),
+        "ladder": list(ladder),
+        "nnodes": nnodes,
+        "dist_init_addr": dist_init_addr,
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
