@@ -51,6 +51,7 @@ from supervisor.core.machine import (
     Exit,
     FactsUpdated,
     GpuLost,
+    GroupReport,
     Launch,
     Launched,
     LaunchFailed,
@@ -77,6 +78,7 @@ from supervisor.core.machine import (
 from supervisor.core.model import Cause, ExitStatus, State
 from supervisor.core.ownership import LAUNCH_VAR, MARK_VAR, gpu_env, recorded_server, server_env
 from supervisor.core.startup_facts import StartupFactsParser
+from supervisor.grouping import GroupSync, node_config_hash
 from supervisor.routing import RouterSync
 
 KERNEL_LOG_TAIL = 256 * 1024
@@ -144,6 +146,7 @@ class ServerUnit:
         self._oom_kills_at_launch: int | None = None
         self._router: RouterSync | None = None  # SGLang's router's view of the server ([router])
         self._router_removal: asyncio.Task[None] | None = None
+        self._group: GroupSync | None = None  # [group]: this node's part of the group
 
     # -- the core -------------------------------------------------------------------------
 
@@ -189,6 +192,9 @@ class ServerUnit:
             case RouterRemove(reason=reason, at=at):
                 if self._router is not None:
                     self._router_removal = self._spawn(self._router.take_out(reason, at), "router-remove")
+            case GroupReport(generation=generation, diagnosis=diagnosis, exit=exit_text):
+                if self._group is not None:
+                    self._group.report(generation, diagnosis, exit_text)
             case Exit(code=code):
                 self.exit_code = code
 
@@ -206,6 +212,9 @@ class ServerUnit:
         self.host.deliver(event, self.sinks)
         if isinstance(event, ev.StateChanged):
             self.host.notify_status()
+            core = self.core
+            if self._group is not None and core is not None:
+                self._group.node_state(core.state, core.pid, core.generation)
         elif isinstance(event, ev.RouterRegistered | ev.RouterRemoved):
             self._persist()  # the worker id the router gave is kept in state.json
 
@@ -401,6 +410,17 @@ class ServerUnit:
             server.watch_parts(parts)
             if len(server.tree_pids()) != known:
                 self._persist()  # the tree's pids and create times prove them ours after a daemon crash
+        if self._group is not None and self.cfg.group.node_rank > 0:
+            # A node >= 1 serves a dummy /health that always answers 200: it is READY once
+            # node 0 (the real /health) is READY in our generation. Then only its process
+            # counts: node 0 leaving READY is node 0's to report (a hang of ours hangs node
+            # 0's /health), never a hang of this node's.
+            ready = self.core is not None and self.core.state is State.READY
+            ok = server is not None and (ready or self._group.head_ready())
+            detail = "" if ok else "node 0 is not READY in this generation (read in etcd)"
+            self.emit(ev.ProbeAnswered(ok=ok, duration_s=0.0, status=None, error=None if ok else detail))
+            self.post(ProbeResult(ok, detail))
+            return
         outcome = await self._prober.probe()
         ok, detail = outcome.ok, outcome.detail
         if ok and server is not None and self.core is not None and self.core.state is State.STARTING:
@@ -539,6 +559,12 @@ class ServerUnit:
                 worker_id=worker_id, rng=self.p.rng,
             )
             self._spawn(self._router.run(), "router")
+        if self.cfg.group.enabled and self.p.group_etcd is not None:
+            self._group = GroupSync(
+                self.p.group_etcd, self.cfg, config_hash=node_config_hash(self.cfg), host=self.p.host,
+                post=self.post, emit=self.emit, rng=self.p.rng,
+            )
+            self._spawn(self._group.run(), "group")
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         return self.host.spawn(coro, f"{self.label}:{name}" if self.label else name)
@@ -569,6 +595,8 @@ class ServerUnit:
 
     async def close(self) -> None:
         """After every task ended: close what this unit holds; a clean stop is recorded."""
+        if self._group is not None:
+            await self._group.aclose()
         if self.server is not None:
             await self.server.close()
         if self._prober is not None:

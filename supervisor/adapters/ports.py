@@ -397,6 +397,8 @@ class Ports:
     store_at: Callable[[str], Store] | None = None
     gpu_probe_for: Callable[[GpuConfig], GpuProbe] | None = None
     server_sinks: Mapping[str, Sequence[EventSink]] = field(default_factory=dict)
+    # [group]: the etcd client (adapters.etcd.EtcdClient, not connected) the group sync uses.
+    group_etcd: Any = None
     notifier: Any = field(default_factory=NullNotifier)  # sdnotify.Notifier in production
     rng: random.Random = field(default_factory=random.Random)
     reload: Callable[[], Config] | None = None  # SIGHUP: re-read the config

@@ -46,6 +46,7 @@ async def run_daemon_async(
     from supervisor.sinks import logs
 
     router = router_client(cfg)  # first: a bad token file stops here, before anything is started
+    group_etcd = etcd_client(cfg, "[group]") if cfg.group.enabled else None
     logger = logs.configure(cfg.logging.format, cfg.logging.level, log_stream)
     host = socket.gethostname()
     instance = cfg.mqtt.instance or cfg.name
@@ -106,6 +107,7 @@ async def run_daemon_async(
         store_at=StateStore,
         gpu_probe_for=registry.make_probe,
         server_sinks=server_sinks,
+        group_etcd=group_etcd,
         notifier=Notifier.from_env(),
         reload=reload,
         host=host,
@@ -120,6 +122,8 @@ async def run_daemon_async(
     finally:
         if ports.router is not None:
             await ports.router.aclose()
+        if group_etcd is not None:
+            await group_etcd.aclose()
         for alerter in alerters:
             await alerter.aclose()
         if metrics_server is not None:

@@ -362,13 +362,17 @@ RULES: tuple[_Rule, ...] = (
     _Rule(
         "sigkill",
         Cause.OTHER,
-        ("exit code", "exitcode", "return code", "returncode", "signal 9"),
-        pattern=_ci(r"(?:exit ?code|return ?code)[:= ]{0,3}-9\b|killed by signal 9\b|signal 9 \(SIGKILL\)"),
+        ("exit code", "exitcode", "return code", "returncode", "signal 9", "terminated with"),
+        pattern=_ci(r"(?:exit ?code|return ?code)[:= ]{0,3}-9\b|killed by signal 9\b|signal 9 \(SIGKILL\)"
+                    r"|\bterminated with -9\b"),
         context=_before_sigquit,
         strength="hint",
         runner_up=Cause.HOST_OOM,
-        origins=(("exitcode", "python"), ("return code", "python"), ("returncode", "python"), ("signal 9", "kernel")),
+        origins=(("exitcode", "python"), ("return code", "python"), ("returncode", "python"), ("signal 9", "kernel"),
+                 ("terminated with", "sglang")),
         cites=(("signal 9", "shell/torch elastic: 'killed by signal 9 (SIGKILL)'"),
+               ("terminated with", "sglang engine.py, a node >= 1 joining its schedulers: "
+                                   "'Scheduler or DataParallelController {pid} terminated with {exitcode}'"),
                ("exitcode", "multiprocessing: 'exitcode=-9'"),
                ("return code", "subprocess: 'returned non-zero exit status'/'return code -9'"),
                ("returncode", "subprocess.CompletedProcess returncode=-9")),
@@ -1235,7 +1239,8 @@ def _evidence(log: _Log, lines: list[int], support: int | None = None) -> tuple[
 
 _PHASE_DEPENDENT = frozenset({Cause.CUDA_OOM_RUNTIME, Cause.CUDA_OOM_STARTUP, Cause.KV_POOL_TOO_SMALL})
 _MIN_FRACTION = re.compile(r"raise --mem-fraction-static above ([0-9]{1,3}(?:\.[0-9]{1,6})?)", re.IGNORECASE)
-_KILLED_WHO = re.compile(r"Subprocess (\S{1,80}) \(pid=\d{1,10}\)|Rank (\d{1,5}) scheduler|(\w{1,80}) exited with")
+_KILLED_WHO = re.compile(r"Subprocess (\S{1,80}) \(pid=\d{1,10}\)|Rank (\d{1,5}) scheduler|(\w{1,80}) exited with"
+                         r"|(Scheduler) or DataParallelController \d{1,10} terminated")
 
 
 def _killed_summary(log: _Log, f: _Finding) -> str:
@@ -1247,7 +1252,7 @@ def _killed_summary(log: _Log, f: _Finding) -> str:
     m = _KILLED_WHO.search(log.text(f.index))
     who = None
     if m:
-        who = m.group(1) or (f"rank {m.group(2)} scheduler" if m.group(2) else m.group(3))
+        who = m.group(1) or (f"rank {m.group(2)} scheduler" if m.group(2) else m.group(3) or "a scheduler")
     return f"{who or 'a server process'} killed by SIGKILL, no OOM-killer record"
 
 

@@ -184,6 +184,60 @@ class RollingRestart(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class GroupLeader(Event):
+    """[group]: this node's daemon leads the group now (elected in etcd)."""
+
+    kind = "group_leader"
+    group: str
+    node_rank: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupGenerationEnded(Event):
+    """[group] (the leader): generation ``number`` is over; every node stops its rank."""
+
+    kind = "group_generation_ended"
+    group: str
+    number: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupGeneration(Event):
+    """[group] (the leader): the next generation, decided once for the group from the root
+    cause among the nodes' reports (``root_node`` None: none reported, a node was lost)."""
+
+    kind = "group_generation"
+    group: str
+    number: int
+    mem_fraction_static: float | None
+    hicache_size_gb: int
+    reason: str
+    delay_s: float
+    gave_up: bool
+    root_node: int | None = None
+    root_cause: Cause | None = None
+    reports: tuple[Json, ...] = ()  # each node's cause and rank: what its own log said
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupEtcdUnreachable(Event):
+    """[group]/[fleet]: etcd cannot be reached; the server keeps running, and nothing new
+    (no generation, no relaunch) is started until etcd answers again. Once per outage."""
+
+    kind = "group_etcd_unreachable"
+    alert = "etcd_unreachable"
+    severity = "warning"
+    error: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupEtcdRecovered(Event):
+    kind = "group_etcd_recovered"
+    down_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StateWriteFailed(Event):
     """Once per episode; supervision goes on with the state in memory."""
 

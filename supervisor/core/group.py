@@ -62,8 +62,17 @@ PEER_LOSS = re.compile(
 )
 
 
+# The daemon's words for a main process that ended by a signal with nothing else found: SGLang's
+# own teardown (it SIGKILLs its tree, itself included, after a SIGQUIT), not a finding.
+TEARDOWN = re.compile(r"^main process (?:killed by SIG\w+|exited)", re.IGNORECASE)
+
+
 def rank_of(diagnosis: Diagnosis) -> Rank:
-    """How a node's own diagnosis ranks as the group's root cause (see the module docstring)."""
+    """How a node's own diagnosis ranks as the group's root cause (see the module docstring).
+
+    An unrecognised end (``other``) is an echo when the node found nothing of its own: no
+    evidence but peer-loss lines and its main process's own teardown. A part of its tree
+    that died ("Subprocess scheduler_0 crashed with exit code -9") is its own finding."""
     cause = diagnosis.cause
     if cause in HARDWARE:
         return Rank.HARDWARE
@@ -71,7 +80,8 @@ def rank_of(diagnosis: Diagnosis) -> Rank:
         return Rank.MEMORY
     if cause in COMMUNICATION or GROUP_STOP in diagnosis.evidence:
         return Rank.ECHO
-    if cause is Cause.OTHER and (not diagnosis.evidence or all(PEER_LOSS.search(e) for e in diagnosis.evidence)):
+    own = [e for e in diagnosis.evidence if not TEARDOWN.search(e)]
+    if cause is Cause.OTHER and all(PEER_LOSS.search(e) for e in own):
         return Rank.ECHO
     return Rank.LOCAL
 

@@ -115,6 +115,18 @@ MEMORY_EVENTS_KEYS = ("low", "high", "max", "oom", "oom_kill", "oom_group_kill")
 
 SGLANG = "/sgl-workspace/sglang/python/sglang/srt"
 TORCH = "/usr/local/lib/python3.12/dist-packages/torch"
+# What node 0's scheduler logs when a peer node's rank went away (SGLang 0.5.23 on the CPU,
+# gloo; issue 16): its next broadcast fails on the reset connection.
+PEER_LOST_TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "/sglang/python/sglang/srt/managers/scheduler.py", line 2794, in run_scheduler_process\n'
+    "    scheduler.event_loop_normal()\n"
+    '  File "/sglang/python/sglang/srt/managers/scheduler.py", line 1012, in recv_requests\n'
+    "    recv_reqs = broadcast_pyobj(\n"
+    '  File "/sglang/python/sglang/srt/utils/common.py", line 1181, in broadcast_pyobj\n'
+    "    dist.broadcast(tensor_size, src=src, group=dist_group)\n"
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error [{addr}]: Connection reset by peer\n"
+)
 FRAME_REPR = "<frame at 0x7f3a5c1e4a40, file '/usr/lib/python3.12/selectors.py', line 468, code select>"
 
 
@@ -170,6 +182,10 @@ def _build_parser(version: str) -> argparse.ArgumentParser:
     add("--tool-call-parser", default=None)
     add("--base-gpu-id", type=int, default=0)
     add("--crash-dump-folder", default=None)
+    # Several nodes (issue 16's recipe: two "nodes" as two servers on one host, gloo on the CPU)
+    add("--nnodes", type=int, default=1)
+    add("--node-rank", type=int, default=0)
+    add("--dist-init-addr", default=None)
     if v56:
         add("--cuda-graph-max-bs", type=int, default=None)
     else:  # removed in 0.5.23: "--cuda-graph-max-bs" is then an ambiguous prefix of these two
@@ -326,6 +342,9 @@ class SimConfig:
     health_delay_s: float
     health_timeout_s: float
     host_mem_gb: float | None
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> SimConfig:
@@ -394,6 +413,9 @@ class SimConfig:
             health_delay_s=a.sim_health_delay_s,
             health_timeout_s=a.sim_health_timeout_s,
             host_mem_gb=a.sim_host_mem_gb,
+            nnodes=a.nnodes,
+            node_rank=a.node_rank,
+            dist_init_addr=a.dist_init_addr,
         )
 
 
@@ -829,9 +851,10 @@ class Scheduler:
                 self.cfg.gpu_dir, os.getpid(), {self.rank.gpu: int(held_gb * GIB)}, title=self.rank.title
             )
 
-    def quit_parent(self, traceback: str) -> NoReturn:
+    def quit_parent(self, traceback: str, *, quiet: bool = False) -> NoReturn:
         """SGLang's ``except`` in run_scheduler_process: log, SIGQUIT the parent, wait to be killed."""
-        self.log(f"Scheduler hit an exception: {traceback}")
+        if not quiet:
+            self.log(f"Scheduler hit an exception: {traceback}")
         if self.cfg.version != "0.5.6":  # the crash is now, not the tree kill seconds later
             crash_stamp(self.cfg.crash_stamp)
         with contextlib.suppress(ProcessLookupError):
@@ -1038,6 +1061,10 @@ class Scheduler:
             self.next_log = time.monotonic()
         elif op == "fault":
             self.fault(msg["mode"])
+        elif op == "peer_lost":
+            # a peer node's rank went away: the next collective fails (issue 16: node 0 logs
+            # this traceback; a node >= 1, still in its launch phase, only its SIGQUIT line)
+            self.quit_parent(PEER_LOST_TRACEBACK.format(addr=msg.get("addr") or "?"), quiet=self.cfg.node_rank > 0)
 
     def step(self, now: float) -> None:
         if self.serving and self.cfg.log_rate > 0 and now >= self.next_log:
@@ -1194,6 +1221,7 @@ class Launcher:
         self.v56 = cfg.version == "0.5.6"
         self.ack_r, self.ack_w = (-1, -1) if self.v56 else os.pipe()  # children's teardown acks
         self.monitor_stopped = False  # SGLang stops its SubprocessWatchdog before a tree kill
+        self.peer_fds: list[int] = []  # --nnodes: the sockets to the other nodes (our "gloo pairs")
 
     def fork(self, name: str, title: str, target: Callable[[socket.socket], int], *, pdeathsig: bool = True,
              rank: Rank | None = None) -> Child:
@@ -1243,8 +1271,19 @@ class Launcher:
     def schedulers(self) -> list[Child]:
         return [c for c in self.children if c.rank is not None]
 
+    def close_peers(self) -> None:
+        """Our ranks are going: the other nodes' collectives fail at once (their gloo pairs
+        see the reset when our scheduler dies, not when our main process is done)."""
+        for fd in self.peer_fds:
+            with contextlib.suppress(OSError):
+                dup = socket.socket(fileno=os.dup(fd))
+                dup.shutdown(socket.SHUT_RDWR)
+                dup.close()
+        self.peer_fds.clear()
+
     def on_sigquit(self, signum: int, frame: object) -> None:
         signal.signal(signal.SIGQUIT, signal.SIG_IGN)  # other ranks may SIGQUIT us too: die once
+        self.close_peers()
         if self.v56:
             if self.phase == "launch":
                 log("Received sigquit from a child process. It usually means the child failed.")
@@ -1438,6 +1477,7 @@ class Frontend:
         self.cfg = cfg
         self.launcher = launcher
         self.state = "launching"  # -> warmup -> serving -> draining
+        self.peer_writers: list[asyncio.StreamWriter] = []  # --nnodes: kept open while we run
         self.hung = False
         self.inflight = 0
         self.inflight_rids: set[str] = set()  # 0.5.23's rid_to_state keys, for the drain log
@@ -1938,13 +1978,97 @@ class Frontend:
             emit(chunk)
         self.launcher.die(0)
 
+    # -- several nodes (--nnodes): the rendezvous, a peer's loss, node >= 1's dummy server
+
+    async def rendezvous(self) -> list[asyncio.StreamReader]:
+        """Node 0 waits at --dist-init-addr until every other node joined; a node >= 1 joins
+        it (retrying while node 0 is not up yet), as torch.distributed's init does."""
+        host, _, port = (self.cfg.dist_init_addr or "127.0.0.1:0").rpartition(":")
+        readers: list[asyncio.StreamReader] = []
+        if self.cfg.node_rank == 0:
+            joined: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
+
+            async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                await joined.put((reader, writer))
+
+            server = await asyncio.start_server(accept, host, int(port), reuse_address=True)
+            for _ in range(self.cfg.nnodes - 1):
+                reader, writer = await joined.get()
+                self.keep_peer(reader, writer, readers)
+            server.close()
+            return readers
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection(host, int(port))
+            except OSError:
+                await asyncio.sleep(0.2)
+                continue
+            self.keep_peer(reader, writer, readers)
+            return readers
+
+    def keep_peer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                  readers: list[asyncio.StreamReader]) -> None:
+        sock = writer.get_extra_info("socket")
+        self.launcher.peer_fds.append(sock.fileno())
+        self.peer_writers.append(writer)
+        readers.append(reader)
+
+    async def watch_peers(self, readers: list[asyncio.StreamReader]) -> None:
+        """A peer node gone (its ranks died): our rank 0's next collective fails."""
+        waits = [asyncio.ensure_future(r.read(1)) for r in readers]
+        if not waits:
+            return
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        if self.launcher.schedulers:
+            self.send(self.launcher.schedulers[0], {"op": "peer_lost", "addr": self.cfg.dist_init_addr})
+
+    async def serve_dummy(self) -> web.AppRunner:
+        """A node >= 1 runs no tokenizer: a dummy health server whose /health, /ping and
+        /health_generate always answer 200 (anything else 404), then it waits on its ranks."""
+        async def ok(request: web.Request) -> web.Response:
+            return web.Response(status=200)
+
+        app = web.Application()
+        for path in ("/health", "/ping", "/health_generate"):
+            app.router.add_get(path, ok)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        await web.TCPSite(runner, self.cfg.host, self.cfg.port).start()
+        log(f"Dummy health check server started in background thread at {self.cfg.host}:{self.cfg.port}")
+        return runner
+
+    async def join_schedulers(self) -> None:
+        """Node >= 1's main joins its scheduler processes: one that ends is logged, and the
+        node's launch ends with it."""
+        while True:
+            await asyncio.sleep(0.1)
+            for c in self.launcher.schedulers:
+                try:
+                    pid, status = os.waitpid(c.pid, os.WNOHANG)
+                except ChildProcessError:
+                    continue
+                if pid:
+                    log(f"Scheduler or DataParallelController {c.pid} terminated with {os.waitstatus_to_exitcode(status)}")
+                    self.launcher.close_peers()
+                    self.launcher.kill_process_tree(include_parent=True)
+
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.on_sigterm)
         started = time.monotonic()
         await self.connect()
+        peers = await self.rendezvous() if self.cfg.nnodes > 1 else []
         await self.wait_ready()
+        if self.cfg.node_rank > 0:
+            runner = await self.serve_dummy()
+            self.spawn_task(self.watch_peers(peers))
+            self.spawn_task(self.join_schedulers())
+            try:
+                await asyncio.Event().wait()
+            finally:
+                await runner.cleanup()
+        self.spawn_task(self.watch_peers(peers))
         if self.cfg.version != "0.5.6":
             log(self.startup_timings_line(started))
             self.spawn_task(self.monitor_children())  # started once the schedulers are ready

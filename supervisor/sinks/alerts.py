@@ -256,6 +256,11 @@ def _daemon_failed(f: Callable[..., Any], who: str, host: str, context: Context)
             "its server and exits for systemd to restart it")
 
 
+def _etcd_unreachable(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
+    return (f"{who} cannot reach etcd ({f('error')}); its server keeps running, but no group "
+            "generation starts and nothing is relaunched until etcd answers - check the etcd cluster")
+
+
 def _drill(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
     return f"Drill from {who}: the alert path works; no action needed"
 
@@ -271,6 +276,7 @@ WORDING: dict[str, Wording] = {
     "down": _down,
     "port_in_use": _port_in_use,
     "daemon_failed": _daemon_failed,
+    "etcd_unreachable": _etcd_unreachable,
     DRILL: _drill,
 }
 
