@@ -2,10 +2,10 @@
 router alone beside the router kept true by the daemon, side by side.
 
 The night (``tests/router_night.py``): two simulated SGLang 0.5.23 servers behind the real
-``sglang-router`` 0.3.2, each owned by a daemon, clients sending ``/generate`` through the
-router at concurrency 1 and 4; a scheduler of one server is SIGKILLed (its main process
-sleeps 5 s before it kills its tree, as SGLang's does with its diagnostics on), then each
-server gets a planned restart in turn. "router alone": the servers given to the router with
+``sglang-router`` 0.3.2, both owned by one daemon (two ``[[server]]`` entries), clients
+sending ``/generate`` through the router at concurrency 1 and 4; a scheduler of one server
+is SIGKILLed (its main process sleeps 5 s before it kills its tree, as SGLang's does with
+its diagnostics on), then one ``sglang-supervisor restart`` rolls through both servers. "router alone": the servers given to the router with
 ``--worker-urls`` at its defaults (60 s health checks, 5 retries, a circuit breaker);
 "router + daemon": ``[router] enabled``.
 
@@ -32,9 +32,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # the tests' harness imports its conftest
 
 import router_night  # noqa: E402
-from conftest import free_port  # noqa: E402
 
-from tests.routerlib import Proc, router_argv  # noqa: E402
+from tests.routerlib import routers  # noqa: E402
 
 RESULTS = REPO / "bench" / "results-router.json"
 LOCK = "/tmp/real-sglang.lock"  # one real-SGLang user of the host at a time
@@ -48,28 +47,15 @@ def real_configs(tmp: Path) -> list[Path]:
 
 
 async def one(tmp: Path, concurrency: int, integrated: bool, real: bool = False) -> dict[str, Any]:
-    procs: list[Proc] = []
-
-    def start(*extra: str) -> str:
-        port = free_port()
-        proc = Proc(router_argv(port, *extra), tmp / f"router-{port}.log")
-        procs.append(proc)
-        url = f"http://127.0.0.1:{port}"
-        proc.wait_http(url + "/health", "the router")
-        return url
-
-    try:
+    with routers(tmp) as start:
         if not real:
             return await router_night.night(tmp, start, concurrency, integrated)
         return await router_night.night(tmp, start, concurrency, integrated, configs=real_configs(tmp), ready_s=240.0, gpus=())
-    finally:
-        for p in procs:
-            p.stop()
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| setting | concurrency | scheduler killed: failed / ok | planned restart of each: failed / ok "
+        "| setting | concurrency | scheduler killed: failed / ok | rolling restart: failed / ok "
         "| death → out of the router | death → SGLang's main exits |",
         "|---|---|---|---|---|---|",
     ]
