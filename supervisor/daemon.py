@@ -10,8 +10,8 @@ lives here. Signal handlers only queue an event.
 
 The daemon reaches the world only through its ports (``adapters.ports.Ports``: the store,
 cleanup, preflight, the server spawner and its log, the health prober, the GPU monitor, the
-control socket, the cgroup ``oom_kill`` reader); ``cli/run.py`` passes the real adapters,
-tests their fakes. It imports the core, the ports and ``release`` (logic over the GPU
+control socket, the cgroup ``oom_kill`` reader, the orphan reaper); ``cli/run.py`` passes
+the real adapters, tests their fakes. It imports the core, the ports and ``release`` (logic over the GPU
 probe port), never a concrete adapter (import-linter's layers contract). A task
 that fails (rather than being cancelled) ends the daemon, as in a ``TaskGroup``:
 ``daemon_failed``, the servers stopped, exit ``EXIT_DAEMON_FAILED`` for systemd to restart.
@@ -27,7 +27,18 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from supervisor.adapters.ports import ControlError, ControlHandle, NullNotifier, Ports, ServerHandle, Store, StoreError
+from supervisor.adapters.ports import (
+    ControlError,
+    ControlHandle,
+    NullNotifier,
+    Ports,
+    ReapedChild,
+    ReaperError,
+    ReaperHandle,
+    ServerHandle,
+    Store,
+    StoreError,
+)
 from supervisor.core import events as ev
 from supervisor.core import machine
 from supervisor.core.config import Config, ConfigError, server_configs, unit_name
@@ -102,6 +113,7 @@ class Daemon:
         self._failure: _TaskFailed | None = None  # the first background task that failed
         self._closing = False
         self._rolling: asyncio.Task[None] | None = None
+        self._reaper: ReaperHandle | None = None
         self.units = [self._unit(u) for u in server_configs(cfg)]
 
     def _unit(self, cfg: Config) -> ServerUnit:
@@ -138,6 +150,7 @@ class Daemon:
             return 1
         try:
             self._install_signals()
+            self._start_reaper()
             interval = self.p.notifier.watchdog_interval()
             if interval:
                 self.spawn(watchdog_loop(self.p.notifier, interval), "watchdog")
@@ -214,6 +227,28 @@ class Daemon:
         loop.add_signal_handler(signal.SIGTERM, self.request_stop, "SIGTERM")
         loop.add_signal_handler(signal.SIGINT, self.request_stop, "SIGINT")
         loop.add_signal_handler(signal.SIGHUP, self._reload)
+
+    def _start_reaper(self) -> None:
+        """Become a child subreaper (PID 1 already is its namespace's) and collect the zombie
+        children no one else waits for: orphans of our servers, or, as PID 1, of anything in
+        the container. The servers' main processes are left to their watchers."""
+        if self.p.reaper is None:
+            return
+        try:
+            self._reaper = self.p.reaper(self._server_pids, self._on_reaped)
+        except ReaperError as exc:
+            # Supervision goes on; an orphan is then init's to reap and cleanup's to find.
+            self.log.warning("reaper_unavailable", error=str(exc))
+            return
+        self.log.info("reaper_started", mode=self._reaper.mode, pid=os.getpid())
+
+    def _server_pids(self) -> set[int]:
+        """The server processes whose exit status is their watcher's (``ServerUnit._watch``)."""
+        return {u.server.pid for u in self.units if u.server is not None}
+
+    def _on_reaped(self, reaped: Sequence[ReapedChild]) -> None:
+        self.emit(ev.OrphansReaped(pids=tuple(r.pid for r in reaped), names=tuple(r.name for r in reaped),
+                                   returncodes=tuple(r.returncode for r in reaped)))
 
     def request_stop(self, reason: str) -> None:
         if self._rolling is not None:
@@ -374,6 +409,8 @@ class Daemon:
                 await task
         for unit in self.units:
             await unit.close()
+        if self._reaper is not None:
+            self._reaper.close()
 
 
 def _version() -> str:

@@ -36,7 +36,8 @@ __all__ = [
     "Check", "Cleanup", "ControlHandle", "ControlStarter", "GpuInfo", "GpuMonitorFactory", "GpuProbe",
     "GpuProbeError", "GpuProcess", "LogOpener", "Monitor", "NoneProbe", "NullNotifier", "OomKillReader",
     "Ports", "Preflight", "ProbeOutcome", "Prober", "ProberFactory", "ProcInfo", "ProcessError", "Router", "RouterError", "RouterWorker",
-    "ControlError", "ServerHandle", "ServerLog", "ServerSpawner", "StaleReport", "Store", "StoreError",
+    "ControlError", "ReapedChild", "ReaperError", "ReaperHandle", "ReaperStarter", "ServerHandle", "ServerLog",
+    "ServerSpawner", "StaleReport", "Store", "StoreError",
 ]
 
 
@@ -178,6 +179,19 @@ class StoreError(Exception):
 
 class ProcessError(Exception):
     """The server could not be started."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReapedChild:
+    """A zombie child the reaper collected: an orphan reparented to the daemon."""
+
+    pid: int
+    name: str  # its comm (the kernel keeps 15 characters: "sglang::schedul")
+    returncode: int  # Popen's convention: -N when killed by signal N
+
+
+class ReaperError(Exception):
+    """The daemon cannot become a child subreaper here (not Linux, no prctl); one line."""
 
 
 class ControlError(Exception):
@@ -358,6 +372,20 @@ ControlStarter = Callable[[str, Callable[[Mapping[str, Any]], dict[str, Any]]], 
 """(state dir, handler) -> a listening control socket in that directory (``control.serve``);
 raises ``ControlError``."""
 
+class ReaperHandle(Protocol):
+    """The running reaper (``reaper.Reaper``): ``mode`` is "pid1" or "subreaper"."""
+
+    @property
+    def mode(self) -> str: ...
+    def close(self) -> None: ...
+
+
+ReaperStarter = Callable[[Callable[[], Collection[int]], Callable[[Sequence[ReapedChild]], None]], ReaperHandle]
+"""(keep, on_reaped) -> a started reaper (``reaper.start``), on the running loop: the process
+becomes a child subreaper, and every zombie child whose pid is not in ``keep()`` (the server
+processes, whose exit status is their watcher's) is collected and handed to ``on_reaped``.
+Raises ``ReaperError``."""
+
 OomKillReader = Callable[[str | None], int | None]
 """The cgroup's ``oom_kill`` count, from the file given or our own cgroup's (blocking;
 ``cgroup.cgroup_oom_kills``)."""
@@ -405,3 +433,6 @@ class Ports:
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     host: str = field(default_factory=socket.gethostname)
     install_signals: bool = True
+    # Reaping orphans (a child subreaper, or PID 1 in a container): only for a daemon that
+    # owns its process (the CLI's), never one embedded in another program (tests).
+    reaper: ReaperStarter | None = None

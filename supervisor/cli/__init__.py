@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import signal
 import textwrap
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -150,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if os.getpid() == 1:
+        _pid1_signals()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -158,6 +162,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(str(exc))
     except KeyboardInterrupt:
         return 130
+
+
+def _pid1_signals() -> None:
+    """As PID 1 (a container's entrypoint) a signal with no handler is ignored: SIGTERM would
+    do nothing until the daemon's own handlers are installed (``Daemon.run``). Until then it
+    ends the process, as it would anywhere else; nothing has been launched yet."""
+
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, leave)
 
 
 def _dispatch(args: argparse.Namespace) -> int:

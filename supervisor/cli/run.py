@@ -34,7 +34,7 @@ async def run_daemon_async(
     from prometheus_client import CollectorRegistry
 
     from supervisor import preflight
-    from supervisor.adapters import cleanup, control, gpu
+    from supervisor.adapters import cleanup, control, gpu, reaper
     from supervisor.adapters.cgroup import cgroup_oom_kills
     from supervisor.adapters.health import HealthProber
     from supervisor.adapters.ports import Ports
@@ -113,6 +113,9 @@ async def run_daemon_async(
         host=host,
         install_signals=install_signals,
         router=router,
+        # A daemon that owns its process's signals owns its children too: it reaps orphans.
+        # One embedded in another program (install_signals=False) leaves them to it.
+        reaper=reaper.start if install_signals else None,
     )
     daemon = Daemon(cfg, ports)
     if on_daemon is not None:

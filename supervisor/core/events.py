@@ -15,8 +15,8 @@ event kind, topic ``.../event/{alert}``, or None) with its ``severity``, and ``q
 frequent for the info log). Adding an alert kind is one class here and one wording function
 in ``supervisor/sinks/alerts.py`` (``WORDING``); ``tests/test_events.py`` holds both to it.
 
-Log-only lines (not events): daemon_refused, server_stopping, metrics_listening,
-metrics_unavailable, task_failed, sink_failed, state_corrupt, state_unreadable.
+Log-only lines (not events): daemon_refused, reaper_started, reaper_unavailable, server_stopping,
+metrics_listening, metrics_unavailable, task_failed, sink_failed, state_corrupt, state_unreadable.
 """
 
 from __future__ import annotations
@@ -462,6 +462,18 @@ class PortInUse(Event):
     severity = "warning"
     port: int
     holders: tuple[Json, ...]  # {pid, name, cmdline, reason}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OrphansReaped(Event):
+    """Zombie children collected by the daemon (a child subreaper, or PID 1 in a container):
+    orphans reparented to it, typically a server's schedulers killed after its main process
+    died. One event per sweep; the server's own main process is never among them."""
+
+    kind = "orphans_reaped"
+    pids: tuple[int, ...]
+    names: tuple[str, ...]
+    returncodes: tuple[int, ...]  # -N: killed by signal N
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

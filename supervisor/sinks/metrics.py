@@ -52,6 +52,7 @@ PROBE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0
 # Events counted in sglang_supervisor_events_total{event}: rare and worth a glance.
 COUNTED_EVENTS = (
     "orphans_killed",
+    "orphans_reaped",
     "foreign_gpu_process",
     "preflight_failed",
     "headroom_low",
