@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from supervisor.core.fleet import FLEET_PREFIX
+
 DEFAULT_COMMAND = ("python", "-m", "sglang.launch_server")
 DEFAULT_LADDER = (0.93, 0.88, 0.85, 0.82, 0.80)
 # What SGLang and its libraries read from the environment: tokens, NCCL and SGLang knobs,
@@ -287,6 +289,19 @@ class EtcdConfig:
     password_file: str = field(default="", metadata=_rule("a file path (never an inline password)"))
 
 
+def _etcd_prefix(v: str) -> bool:
+    return v.startswith("/") and len(v.rstrip("/")) > 0 and not any(c.isspace() for c in v)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    """Fleet memory (docs/fleet.md): the ladder's lessons shared in etcd (``[etcd]``) by
+    every daemon running the same configuration on the same GPU and SGLang version."""
+
+    enabled: bool = field(default=False, metadata=_rule("true or false"))
+    prefix: str = field(default=FLEET_PREFIX, metadata=_rule('an etcd key prefix starting with "/"', _etcd_prefix))
+
+
 @dataclass(frozen=True, slots=True)
 class StateConfig:
     dir: str = field(default="/var/lib/sglang-supervisor", metadata=_rule("a directory path", bool))
@@ -304,6 +319,7 @@ class Config:
     state: StateConfig = field(default_factory=StateConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     etcd: EtcdConfig = field(default_factory=EtcdConfig)
+    fleet: FleetConfig = field(default_factory=FleetConfig)
     # Not a TOML key: the stem of the file it came from ("kimi" for kimi.toml).
     name: str = "supervisor"
     # Not a TOML key: with several ``[[server]]`` entries, one whole config per server (its
@@ -508,6 +524,9 @@ def _cross_checks(where: str, cfg: Config) -> None:
             f"{where}: [server] env CUDA_VISIBLE_DEVICES: must not be set with [gpu] indices "
             f"(the supervisor exports {','.join(map(str, cfg.gpu.indices))} from them)"
         )
+    if cfg.fleet.enabled and not cfg.etcd.endpoints:
+        raise ConfigError(f'{where}: [etcd] endpoints: missing: [fleet] enabled = true needs etcd '
+                          '(e.g. endpoints = ["127.0.0.1:2379"])')
     if cfg.etcd.username and not cfg.etcd.password_file:
         raise ConfigError(f'{where}: [etcd] password_file = "": must be set when username is (read from a file, never inline)')
     if bool(cfg.etcd.cert_file) != bool(cfg.etcd.key_file):
