@@ -50,6 +50,8 @@ from supervisor.core.machine import (
     Emit,
     Exit,
     FactsUpdated,
+    FleetShare,
+    FleetShared,
     GpuLost,
     Launch,
     Launched,
@@ -77,6 +79,7 @@ from supervisor.core.machine import (
 from supervisor.core.model import Cause, ExitStatus, State
 from supervisor.core.ownership import LAUNCH_VAR, MARK_VAR, gpu_env, recorded_server, server_env
 from supervisor.core.startup_facts import StartupFactsParser
+from supervisor.fleet_sync import FleetSync
 from supervisor.routing import RouterSync
 
 KERNEL_LOG_TAIL = 256 * 1024
@@ -144,6 +147,7 @@ class ServerUnit:
         self._oom_kills_at_launch: int | None = None
         self._router: RouterSync | None = None  # SGLang's router's view of the server ([router])
         self._router_removal: asyncio.Task[None] | None = None
+        self._fleet: FleetSync | None = None  # [fleet]: the record this server's fleet shares
 
     # -- the core -------------------------------------------------------------------------
 
@@ -191,6 +195,9 @@ class ServerUnit:
                     self._router_removal = self._spawn(self._router.take_out(reason, at), "router-remove")
             case Exit(code=code):
                 self.exit_code = code
+            case FleetShare(entries=entries):
+                if self._fleet is not None:
+                    self._fleet.share(entries)
 
     def _timer_fired(self, name: Timer) -> None:
         """A timer is due: the core is told, with when the server last printed a line (what
@@ -299,6 +306,9 @@ class ServerUnit:
                 cause = Cause.MODEL_LOAD_ERROR if any(c.name == "model_path" for c in failed) else Cause.PREFLIGHT_FAILED
                 self.post(PrepareFailed(cause, detail, any(c.permanent for c in failed)))
                 return
+            if self._fleet is not None:
+                # What the fleet learned of this configuration, applied before the launch.
+                self.post(await self._fleet.advice(cfg, gpus or await self._sample_or_none()))
             self.post(Prepared())
         except asyncio.CancelledError:
             raise
@@ -539,6 +549,13 @@ class ServerUnit:
                 worker_id=worker_id, rng=self.p.rng,
             )
             self._spawn(self._router.run(), "router")
+        if self.cfg.fleet.enabled and self.p.fleet_store is not None and self.p.sglang_version is not None:
+            self._fleet = FleetSync(
+                self.p.fleet_store, self.p.sglang_version, prefix=self.cfg.fleet.prefix, host=self.p.host,
+                emit=self.emit, shared=lambda entries: self.post(FleetShared(entries)), wall_now=wall_now,
+                timeout_s=self.cfg.etcd.timeout_s, environ=self.p.environ, rng=self.p.rng,
+            )
+            self._spawn(self._fleet.run(), "fleet")
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         return self.host.spawn(coro, f"{self.label}:{name}" if self.label else name)

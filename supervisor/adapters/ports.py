@@ -36,7 +36,7 @@ __all__ = [
     "Check", "Cleanup", "ControlHandle", "ControlStarter", "GpuInfo", "GpuMonitorFactory", "GpuProbe",
     "GpuProbeError", "GpuProcess", "LogOpener", "Monitor", "NoneProbe", "NullNotifier", "OomKillReader",
     "Ports", "Preflight", "ProbeOutcome", "Prober", "ProberFactory", "ProcInfo", "ProcessError", "Router", "RouterError", "RouterWorker",
-    "ControlError", "ServerHandle", "ServerLog", "ServerSpawner", "StaleReport", "Store", "StoreError",
+    "ControlError", "FleetStore", "KvEntry", "VersionReader", "ServerHandle", "ServerLog", "ServerSpawner", "StaleReport", "Store", "StoreError",
 ]
 
 
@@ -284,6 +284,30 @@ class Router(Protocol):
     async def aclose(self) -> None: ...
 
 
+class KvEntry(Protocol):
+    """One etcd key's value and revision (``etcd.KeyValue``)."""
+
+    @property
+    def value(self) -> bytes: ...
+    @property
+    def mod_revision(self) -> int: ...
+
+
+class FleetStore(Protocol):
+    """etcd as fleet memory uses it (``etcd.EtcdClient``; docs/fleet.md). Every call is
+    bounded by the client's timeout and raises the client's one error type."""
+
+    async def get(self, key: str) -> KvEntry | None: ...
+    async def put_if(self, key: str, value: bytes, mod_revision: int) -> int | None:
+        """Compare-and-swap (0: only if absent); None when another writer was first."""
+        ...
+
+
+# The SGLang version a ``[server] command`` runs, from its Python's package metadata,
+# given the server's environment (blocking: called in a thread; raises on failure).
+VersionReader = Callable[[Sequence[str], Mapping[str, str]], str]
+
+
 class Tail(Protocol):
     def get(self) -> bytes: ...
 
@@ -403,3 +427,6 @@ class Ports:
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     host: str = field(default_factory=socket.gethostname)
     install_signals: bool = True
+    # [fleet] on: etcd's client (connected on first use) and the SGLang version reader.
+    fleet_store: FleetStore | None = None
+    sglang_version: VersionReader | None = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -46,6 +46,9 @@ async def run_daemon_async(
     from supervisor.sinks import logs
 
     router = router_client(cfg)  # first: a bad token file stops here, before anything is started
+    # [fleet]: etcd's client, not connected (the first call connects; an etcd away is the
+    # fleet's error, not the daemon's). Without [fleet] its library is never imported.
+    fleet_store = etcd_client(cfg, "[fleet]") if cfg.fleet.enabled else None
     logger = logs.configure(cfg.logging.format, cfg.logging.level, log_stream)
     host = socket.gethostname()
     instance = cfg.mqtt.instance or cfg.name
@@ -111,6 +114,8 @@ async def run_daemon_async(
         host=host,
         install_signals=install_signals,
         router=router,
+        fleet_store=fleet_store,
+        sglang_version=read_sglang_version if fleet_store is not None else None,
     )
     daemon = Daemon(cfg, ports)
     if on_daemon is not None:
@@ -120,10 +125,20 @@ async def run_daemon_async(
     finally:
         if ports.router is not None:
             await ports.router.aclose()
+        if fleet_store is not None:
+            await fleet_store.aclose()
         for alerter in alerters:
             await alerter.aclose()
         if metrics_server is not None:
             await metrics_server.close()
+
+
+def read_sglang_version(command: Sequence[str], env: Mapping[str, str]) -> str:
+    """The SGLang version ``command`` runs: its Python's package metadata, read in a child
+    process with the server's environment (blocking; never imports sglang here)."""
+    from supervisor.adapters.versions import server_python, sglang_version
+
+    return sglang_version(server_python(command), env=env)
 
 
 def _no_health(kind: str, value: Any) -> None:
