@@ -209,13 +209,13 @@ class FleetOom:
                 "cause": self.cause, "host": self.host, "server": self.server, "config": self.config}
 
     @classmethod
-    def from_dict(cls, d: dict[str, object], key: str = "") -> FleetOom:
+    def from_dict(cls, d: dict[str, object]) -> FleetOom:
         nxt = d.get("next_fraction")
         return cls(
             fraction=float(d["fraction"]),  # type: ignore[arg-type]
             next_fraction=None if nxt is None else float(nxt),  # type: ignore[arg-type]
             when=str(d.get("when", "")), cause=str(d.get("cause", "")), server=str(d.get("server", "")),
-            config=str(d.get("config", "")), host=str(d.get("host", "")), key=str(d.get("key", key)),
+            config=str(d.get("config", "")), host=str(d.get("host", "")), key=str(d.get("key", "")),
         )
 
 
@@ -250,7 +250,7 @@ class FleetRecord:
         try:
             d = json.loads(raw)
             rung = d.get("rung")
-            ooms = tuple(FleetOom.from_dict(o, key) for o in d.get("ooms", []))
+            ooms = tuple(FleetOom.from_dict(o) for o in d.get("ooms", []))
             return cls(key=key, rung=None if rung is None else float(rung), ooms=ooms,
                        updated=str(d.get("updated", "")))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
