@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from supervisor import release
 from supervisor.adapters.ports import (
@@ -79,8 +79,10 @@ from supervisor.core.machine import (
 from supervisor.core.model import Cause, ExitStatus, State
 from supervisor.core.ownership import LAUNCH_VAR, MARK_VAR, gpu_env, recorded_server, server_env
 from supervisor.core.startup_facts import StartupFactsParser
-from supervisor.fleet_sync import FleetSync
 from supervisor.routing import RouterSync
+
+if TYPE_CHECKING:
+    from supervisor.fleet_sync import FleetSync
 
 KERNEL_LOG_TAIL = 256 * 1024
 
@@ -550,6 +552,8 @@ class ServerUnit:
             )
             self._spawn(self._router.run(), "router")
         if self.cfg.fleet.enabled and self.p.fleet_store is not None and self.p.sglang_version is not None:
+            from supervisor.fleet_sync import FleetSync  # only with [fleet] on
+
             self._fleet = FleetSync(
                 self.p.fleet_store, self.p.sglang_version, prefix=self.cfg.fleet.prefix, host=self.p.host,
                 emit=self.emit, shared=lambda entries: self.post(FleetShared(entries)), wall_now=wall_now,
