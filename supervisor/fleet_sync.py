@@ -173,6 +173,11 @@ class FleetSync:
                 self._shared(entries)
                 continue
             op, why, key = error
+            if not key:
+                # No key to write under (the launch's identity could not be read, which its
+                # own fleet_error said): the next launch that reads one kicks this again.
+                failures = 0
+                continue
             delay = exponential_backoff(failures, initial=RETRY_INITIAL_S, factor=2.0, maximum=RETRY_MAX_S,
                                         jitter=(0.8, 1.2), sample=self._rng.random())
             failures += 1
@@ -190,7 +195,7 @@ class FleetSync:
         for oom in entries:
             key = oom.key or self.key  # an OOM of a launch whose key was not known: the current one
             if not key:
-                return "write", "the configuration's fleet key is not known yet (read at the next launch)", ""
+                return "write", "the configuration's fleet key is not known (read at the next launch)", ""
             by_key.setdefault(key, []).append(replace(oom, host=oom.host or self._host))
         for key, ooms in by_key.items():
             try:

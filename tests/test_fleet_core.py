@@ -341,3 +341,28 @@ def test_an_unreadable_version_means_no_fleet_for_that_launch() -> None:
     assert advice == FleetAdvice("")
     (error,) = events
     assert isinstance(error, ev.FleetError) and error.op == "version" and "not installed" in error.error
+
+
+def test_lessons_without_a_key_wait_for_the_next_launch_quietly() -> None:
+    """The identity could not be read (its own fleet_error said so): no retry storm; the next
+    launch that reads a key writes them under it."""
+    store, events, shared = FakeKv(), [], []
+    cfg = make_cfg(gpu={"backend": "nvml"})
+
+    async def go() -> None:
+        s = sync(store, events, shared)
+        task = asyncio.create_task(s.run())
+        lesson = FleetOom(0.93, 0.88, "T1", "cuda_oom_runtime", "kimi", "kimi")  # key unknown at the crash
+        s.share((lesson,))
+        await asyncio.sleep(0.1)
+        assert events == [] and shared == [] and store.data == {}
+        advice = await s.advice(cfg, GPUS)  # the next launch
+        s.share((lesson,))
+        for _ in range(100):
+            if shared:
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+        assert shared == [(lesson,)] and advice.key in store.data
+
+    asyncio.run(go())
