@@ -32,7 +32,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from supervisor.adapters.etcd import Etcd, EtcdError, KeyValue, Lease
+from supervisor.adapters.ports import Etcd, EtcdError, KeyValue, Lease
 from supervisor.core import events as ev
 from supervisor.core.config import Config
 from supervisor.core.fleet import parse_flags

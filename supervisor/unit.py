@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from supervisor import release
 from supervisor.adapters.ports import (
@@ -50,6 +50,8 @@ from supervisor.core.machine import (
     Emit,
     Exit,
     FactsUpdated,
+    FleetShare,
+    FleetShared,
     GpuLost,
     GroupReport,
     Launch,
@@ -78,8 +80,11 @@ from supervisor.core.machine import (
 from supervisor.core.model import Cause, ExitStatus, State
 from supervisor.core.ownership import LAUNCH_VAR, MARK_VAR, gpu_env, recorded_server, server_env
 from supervisor.core.startup_facts import StartupFactsParser
-from supervisor.grouping import GroupSync, node_config_hash
 from supervisor.routing import RouterSync
+
+if TYPE_CHECKING:
+    from supervisor.fleet_sync import FleetSync
+    from supervisor.grouping import GroupSync
 
 KERNEL_LOG_TAIL = 256 * 1024
 
@@ -147,6 +152,7 @@ class ServerUnit:
         self._router: RouterSync | None = None  # SGLang's router's view of the server ([router])
         self._router_removal: asyncio.Task[None] | None = None
         self._group: GroupSync | None = None  # [group]: this node's part of the group
+        self._fleet: FleetSync | None = None  # [fleet]: the record this server's fleet shares
 
     # -- the core -------------------------------------------------------------------------
 
@@ -197,6 +203,9 @@ class ServerUnit:
                     self._group.report(generation, diagnosis, exit_text)
             case Exit(code=code):
                 self.exit_code = code
+            case FleetShare(entries=entries):
+                if self._fleet is not None:
+                    self._fleet.share(entries)
 
     def _timer_fired(self, name: Timer) -> None:
         """A timer is due: the core is told, with when the server last printed a line (what
@@ -308,6 +317,9 @@ class ServerUnit:
                 cause = Cause.MODEL_LOAD_ERROR if any(c.name == "model_path" for c in failed) else Cause.PREFLIGHT_FAILED
                 self.post(PrepareFailed(cause, detail, any(c.permanent for c in failed)))
                 return
+            if self._fleet is not None:
+                # What the fleet learned of this configuration, applied before the launch.
+                self.post(await self._fleet.advice(cfg, gpus or await self._sample_or_none()))
             self.post(Prepared())
         except asyncio.CancelledError:
             raise
@@ -560,11 +572,22 @@ class ServerUnit:
             )
             self._spawn(self._router.run(), "router")
         if self.cfg.group.enabled and self.p.group_etcd is not None:
+            from supervisor.grouping import GroupSync, node_config_hash  # only with [group] on
+
             self._group = GroupSync(
                 self.p.group_etcd, self.cfg, config_hash=node_config_hash(self.cfg), host=self.p.host,
                 post=self.post, emit=self.emit, rng=self.p.rng,
             )
             self._spawn(self._group.run(), "group")
+        if self.cfg.fleet.enabled and self.p.fleet_store is not None and self.p.sglang_version is not None:
+            from supervisor.fleet_sync import FleetSync  # only with [fleet] on
+
+            self._fleet = FleetSync(
+                self.p.fleet_store, self.p.sglang_version, prefix=self.cfg.fleet.prefix, host=self.p.host,
+                emit=self.emit, shared=lambda entries: self.post(FleetShared(entries)), wall_now=wall_now,
+                timeout_s=self.cfg.etcd.timeout_s, environ=self.p.environ, rng=self.p.rng,
+            )
+            self._spawn(self._fleet.run(), "fleet")
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         return self.host.spawn(coro, f"{self.label}:{name}" if self.label else name)

@@ -10,7 +10,7 @@ import pytest
 
 from tests.harness import REPO
 
-COMMANDS = ("run", "check-config", "status", "restart", "explain", "preflight", "drill", "demo")
+COMMANDS = ("run", "check-config", "status", "restart", "explain", "preflight", "drill", "fleet", "demo")
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -44,3 +44,11 @@ def test_an_unknown_command_is_one_line_and_exit_2() -> None:
     result = cli("stauts")
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "invalid choice: 'stauts'" in result.stderr
+
+
+@pytest.mark.parametrize("action", ["list", "reset"])
+def test_fleet_actions_help_shows_an_example(action: str) -> None:
+    """``sglang-supervisor fleet list|reset --help`` ends with an example of that action."""
+    result = cli("fleet", action, "--help")
+    assert result.returncode == 0, result.stderr
+    assert f"sglang-supervisor fleet {action} --config" in result.stdout.split("Example:\n", 1)[1]

@@ -43,6 +43,7 @@ VIOLATIONS = [
     ("daemon.py", "import supervisor.adapters.process", None),  # allowed by the layers: must stay kept
     ("adapters/gpu.py", "import supervisor.adapters.cleanup", "adapters are independent"),
     ("adapters/etcd.py", "import supervisor.adapters.versions", "adapters are independent"),
+    ("fleet_sync.py", "import supervisor.adapters.etcd", "fleet memory reaches etcd and the version probe through ports"),
     ("sinks/logs.py", "import supervisor.sinks.metrics", "sinks are independent of each other"),
     ("cli/run.py", "import supervisor.sim.simgpu", "the CLI reaches the simulator only through cli.registry"),
     ("sim/demo.py", "import supervisor.daemon", "the simulator never imports the daemon"),
@@ -74,18 +75,21 @@ def test_a_planted_import_breaks_its_contract(tmp_path: Path, module: str, line:
 def test_the_daemon_side_loads_no_simulator_torch_or_sglang() -> None:
     """Every module the daemon process can load (the CLI, the composition root, the daemon,
     the services, every adapter and sink) pulls in neither the simulator and its
-    ``setproctitle`` (the ``[sim]`` extra) nor torch or sglang."""
+    ``setproctitle`` (the ``[sim]`` extra) nor torch or sglang; nor etcd's client (``aetcd``,
+    ``grpc``): that is imported only when ``[fleet]`` (or ``[group]``) is on, by
+    ``adapters.etcd``'s first connect (tests/test_fleet_e2e.py checks a running daemon)."""
     modules = [
         "supervisor.cli", "supervisor.cli.run", "supervisor.cli.status", "supervisor.cli.restart",
         "supervisor.cli.preflight", "supervisor.cli.drill", "supervisor.cli.explain", "supervisor.cli.registry",
-        "supervisor.daemon", "supervisor.unit", "supervisor.preflight", "supervisor.release", "supervisor.routing",
+        "supervisor.cli.fleet", "supervisor.daemon", "supervisor.unit", "supervisor.preflight", "supervisor.release",
+        "supervisor.routing", "supervisor.fleet_sync",
         *(f"supervisor.adapters.{p.stem}" for p in (REPO / "supervisor" / "adapters").glob("*.py")),
         *(f"supervisor.sinks.{p.stem}" for p in (REPO / "supervisor" / "sinks").glob("*.py")),
     ]
     code = (
         "import importlib, sys\n"
         f"for m in {modules!r}: importlib.import_module(m)\n"
-        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sglang', 'setproctitle')"
+        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sglang', 'setproctitle', 'aetcd', 'grpc')"
         " or m.startswith('supervisor.sim'))))\n"
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)

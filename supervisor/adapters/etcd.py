@@ -26,8 +26,10 @@ import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 from urllib.parse import urlsplit
+
+from supervisor.adapters.ports import EtcdError, KeyValue, Leadership, Lease, WatchEvent
 
 DEFAULT_PORT = 2379
 DETAIL_CHARS = 200
@@ -41,65 +43,6 @@ CHANNEL_OPTIONS = (
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
 )
-
-
-class EtcdError(Exception):
-    """etcd could not be reached or refused; ``str()`` is one line: endpoint, operation, why."""
-
-
-@dataclass(frozen=True, slots=True)
-class KeyValue:
-    key: str
-    value: bytes
-    create_revision: int
-    mod_revision: int
-    lease: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class WatchEvent:
-    kind: Literal["put", "delete"]
-    key: str
-    value: bytes  # empty for a delete
-    revision: int  # the store's revision at this change (the key's mod_revision)
-
-
-@dataclass(frozen=True, slots=True)
-class Lease:
-    id: int
-    ttl_s: int
-
-
-@dataclass(frozen=True, slots=True)
-class Leadership:
-    """A won election: our candidate key, its create revision (our place in line), its lease."""
-
-    key: str
-    revision: int
-    lease: Lease
-
-
-class Etcd(Protocol):
-    """What the daemon needs from etcd; ``EtcdClient`` is the real one, tests may fake it."""
-
-    async def connect(self) -> None: ...
-    async def aclose(self) -> None: ...
-    async def grant(self, ttl_s: int) -> Lease: ...
-    async def keep_alive(self, lease: Lease) -> None: ...
-    async def revoke(self, lease: Lease) -> None: ...
-    async def put(self, key: str, value: bytes, lease: Lease | None = None) -> int: ...
-    async def get(self, key: str) -> KeyValue | None: ...
-    async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]: ...
-    async def put_if(self, key: str, value: bytes, mod_revision: int, lease: Lease | None = None) -> int | None: ...
-    async def put_all(
-        self, items: Mapping[str, bytes], expect: Mapping[str, int] | None = None, lease: Lease | None = None,
-    ) -> int | None: ...
-    async def delete(self, key: str) -> bool: ...
-    async def delete_prefix(self, prefix: str) -> int: ...
-    def watch_prefix(self, prefix: str, start_revision: int = 0) -> AsyncIterator[WatchEvent]: ...
-    async def campaign(self, prefix: str, lease: Lease, value: bytes = b"") -> Leadership: ...
-    async def resign(self, leadership: Leadership) -> None: ...
-    async def leader(self, prefix: str) -> KeyValue | None: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,10 +20,10 @@ from __future__ import annotations
 import os
 import random
 import socket
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     import signal
@@ -36,8 +36,8 @@ __all__ = [
     "Check", "Cleanup", "ControlHandle", "ControlStarter", "GpuInfo", "GpuMonitorFactory", "GpuProbe",
     "GpuProbeError", "GpuProcess", "LogOpener", "Monitor", "NoneProbe", "NullNotifier", "OomKillReader",
     "Ports", "Preflight", "ProbeOutcome", "Prober", "ProberFactory", "ProcInfo", "ProcessError", "Router", "RouterError", "RouterWorker",
-    "ControlError", "ReapedChild", "ReaperError", "ReaperHandle", "ReaperStarter", "ServerHandle", "ServerLog",
-    "ServerSpawner", "StaleReport", "Store", "StoreError",
+    "ControlError", "Etcd", "EtcdError", "FleetStore", "KeyValue", "KvEntry", "Leadership", "Lease", "WatchEvent", "ReapedChild", "ReaperError", "ReaperHandle", "ReaperStarter",
+    "ServerHandle", "ServerLog", "ServerSpawner", "StaleReport", "Store", "StoreError", "VersionReader",
 ]
 
 
@@ -298,6 +298,92 @@ class Router(Protocol):
     async def aclose(self) -> None: ...
 
 
+# -- etcd ([group], [fleet]; the client is adapters.etcd.EtcdClient) -------------------------
+
+
+class EtcdError(Exception):
+    """etcd could not be reached or refused; ``str()`` is one line: endpoint, operation, why."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyValue:
+    key: str
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    lease: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    kind: Literal["put", "delete"]
+    key: str
+    value: bytes  # empty for a delete
+    revision: int  # the store's revision at this change (the key's mod_revision)
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    id: int
+    ttl_s: int
+
+
+@dataclass(frozen=True, slots=True)
+class Leadership:
+    """A won election: our candidate key, its create revision (our place in line), its lease."""
+
+    key: str
+    revision: int
+    lease: Lease
+
+
+class Etcd(Protocol):
+    """What the daemon needs from etcd; ``EtcdClient`` is the real one, tests may fake it."""
+
+    async def connect(self) -> None: ...
+    async def aclose(self) -> None: ...
+    async def grant(self, ttl_s: int) -> Lease: ...
+    async def keep_alive(self, lease: Lease) -> None: ...
+    async def revoke(self, lease: Lease) -> None: ...
+    async def put(self, key: str, value: bytes, lease: Lease | None = None) -> int: ...
+    async def get(self, key: str) -> KeyValue | None: ...
+    async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]: ...
+    async def put_if(self, key: str, value: bytes, mod_revision: int, lease: Lease | None = None) -> int | None: ...
+    async def put_all(
+        self, items: Mapping[str, bytes], expect: Mapping[str, int] | None = None, lease: Lease | None = None,
+    ) -> int | None: ...
+    async def delete(self, key: str) -> bool: ...
+    async def delete_prefix(self, prefix: str) -> int: ...
+    def watch_prefix(self, prefix: str, start_revision: int = 0) -> AsyncIterator[WatchEvent]: ...
+    async def campaign(self, prefix: str, lease: Lease, value: bytes = b"") -> Leadership: ...
+    async def resign(self, leadership: Leadership) -> None: ...
+    async def leader(self, prefix: str) -> KeyValue | None: ...
+
+
+class KvEntry(Protocol):
+    """One etcd key's value and revision (``etcd.KeyValue``)."""
+
+    @property
+    def value(self) -> bytes: ...
+    @property
+    def mod_revision(self) -> int: ...
+
+
+class FleetStore(Protocol):
+    """etcd as fleet memory uses it (``etcd.EtcdClient``; docs/fleet.md). Every call is
+    bounded by the client's timeout and raises the client's one error type."""
+
+    async def get(self, key: str) -> KvEntry | None: ...
+    async def put_if(self, key: str, value: bytes, mod_revision: int) -> int | None:
+        """Compare-and-swap (0: only if absent); None when another writer was first."""
+        ...
+
+
+# The SGLang version a ``[server] command`` runs, from its Python's package metadata,
+# given the server's environment (blocking: called in a thread; raises on failure).
+VersionReader = Callable[[Sequence[str], Mapping[str, str]], str]
+
+
 class Tail(Protocol):
     def get(self) -> bytes: ...
 
@@ -436,3 +522,6 @@ class Ports:
     # Reaping orphans (a child subreaper, or PID 1 in a container): only for a daemon that
     # owns its process (the CLI's), never one embedded in another program (tests).
     reaper: ReaperStarter | None = None
+    # [fleet] on: etcd's client (connected on first use) and the SGLang version reader.
+    fleet_store: FleetStore | None = None
+    sglang_version: VersionReader | None = None

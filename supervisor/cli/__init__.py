@@ -7,6 +7,7 @@
     sglang-supervisor explain LOGFILE|- [--json]                       (cli/explain.py)
     sglang-supervisor preflight --config F [--json]                    (cli/preflight.py)
     sglang-supervisor drill --config F                                 (cli/drill.py)
+    sglang-supervisor fleet list|reset --config F [...]                (cli/fleet.py)
     sglang-supervisor demo [--scenario oom|preempt] [--hold S] [...]   (cli/demo.py)
 
 Bad input gets one line on stderr (what, where, why) and exit code 2, never a traceback.
@@ -76,7 +77,7 @@ def _command(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from supervisor.cli import demo, drill, explain, preflight
+    from supervisor.cli import demo, drill, explain, fleet, preflight
 
     parser = _Parser(prog="sglang-supervisor", description=DESCRIPTION, epilog=EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -139,6 +140,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config(p)
     drill.add_arguments(p)
+
+    p = _command(
+        sub, "fleet", "list or reset the fleet-memory records in etcd ([fleet], docs/fleet.md)",
+        f"sglang-supervisor fleet list --config {CONFIG}",
+        "Fleet memory: daemons running the same configuration (model, SGLang version, GPU, layout, "
+        "memory flags) share the fractions that ran out of CUDA memory in etcd. 'fleet list' shows "
+        "every record; 'fleet reset' deletes one (--key) or all (--all).",
+    )
+    fleet_sub = p.add_subparsers(dest="fleet_command", required=True, parser_class=_Parser, metavar="ACTION")
+    fleet.add_arguments(fleet_sub, _command, _add_config, CONFIG)
 
     p = _command(
         sub, "demo", "the seed's night against the simulator (no GPU needed)",
@@ -212,4 +223,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from supervisor.cli import drill
 
         return drill.run(args, cfg)
+    if cmd == "fleet":
+        from supervisor.cli import fleet
+
+        return fleet.run(args, cfg)
     raise AssertionError(cmd)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -47,6 +47,9 @@ async def run_daemon_async(
 
     router = router_client(cfg)  # first: a bad token file stops here, before anything is started
     group_etcd = etcd_client(cfg, "[group]") if cfg.group.enabled else None
+    # [fleet]: etcd's client, not connected (the first call connects; an etcd away is the
+    # fleet's error, not the daemon's). Without [fleet] its library is never imported.
+    fleet_store = etcd_client(cfg, "[fleet]") if cfg.fleet.enabled else None
     logger = logs.configure(cfg.logging.format, cfg.logging.level, log_stream)
     host = socket.gethostname()
     instance = cfg.mqtt.instance or cfg.name
@@ -116,6 +119,8 @@ async def run_daemon_async(
         # A daemon that owns its process's signals owns its children too: it reaps orphans.
         # One embedded in another program (install_signals=False) leaves them to it.
         reaper=reaper.start if install_signals else None,
+        fleet_store=fleet_store,
+        sglang_version=read_sglang_version if fleet_store is not None else None,
     )
     daemon = Daemon(cfg, ports)
     if on_daemon is not None:
@@ -127,10 +132,20 @@ async def run_daemon_async(
             await ports.router.aclose()
         if group_etcd is not None:
             await group_etcd.aclose()
+        if fleet_store is not None:
+            await fleet_store.aclose()
         for alerter in alerters:
             await alerter.aclose()
         if metrics_server is not None:
             await metrics_server.close()
+
+
+def read_sglang_version(command: Sequence[str], env: Mapping[str, str]) -> str:
+    """The SGLang version ``command`` runs: its Python's package metadata, read in a child
+    process with the server's environment (blocking; never imports sglang here)."""
+    from supervisor.adapters.versions import server_python, sglang_version
+
+    return sglang_version(server_python(command), env=env)
 
 
 def _no_health(kind: str, value: Any) -> None:

@@ -62,6 +62,9 @@ def _status(cfg: Config, *, as_json: bool, out: IO[str]) -> int:
         file=out,
     )
     print(f"hicache:   {learned.get('hicache_size_gb')} GB per rank   restarts: {learned.get('restarts', 0)}", file=out)
+    fleet_line = _fleet_line(learned)
+    if fleet_line:
+        print(f"fleet:     {fleet_line}", file=out)
     history = learned.get("history", [])
     print(f"history:   {len(history)} crash(es) and step-down(s)", file=out)
     if history:
@@ -77,3 +80,22 @@ def _status(cfg: Config, *, as_json: bool, out: IO[str]) -> int:
         for r in rows:
             print("  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)), file=out)
     return 0
+
+
+def _fleet_line(learned: dict[str, object]) -> str:
+    """What the fleet's record said at the last launch ([fleet]; docs/fleet.md), and the
+    OOMs of ours it does not hold yet."""
+    note = learned.get("fleet")
+    pending = learned.get("fleet_pending") or []
+    parts = []
+    if isinstance(note, dict):
+        where = f" (reached by {note.get('source') or '?'} at {note.get('when') or '?'})"
+        if note.get("applied"):
+            parts.append(f"started at the fleet's {note.get('fraction')}, below our own {note.get('own_fraction')}"
+                         f"{where}, applied {note.get('applied_at') or '?'}")
+        else:
+            parts.append(f"the fleet's rung is {note.get('fraction')}, not below ours{where}")
+        parts.append(f"key {note.get('key')}")
+    if isinstance(pending, list) and pending:
+        parts.append(f"{len(pending)} OOM(s) of ours not yet in the fleet's record (retried)")
+    return "; ".join(parts)

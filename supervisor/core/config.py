@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from supervisor.core.fleet import FLEET_PREFIX
+
 DEFAULT_COMMAND = ("python", "-m", "sglang.launch_server")
 DEFAULT_LADDER = (0.93, 0.88, 0.85, 0.82, 0.80)
 # What SGLang and its libraries read from the environment: tokens, NCCL and SGLang knobs,
@@ -311,6 +313,19 @@ class GroupConfig:
         return bool(self.name)
 
 
+def _etcd_prefix(v: str) -> bool:
+    return v.startswith("/") and len(v.rstrip("/")) > 0 and not any(c.isspace() for c in v)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    """Fleet memory (docs/fleet.md): the ladder's lessons shared in etcd (``[etcd]``) by
+    every daemon running the same configuration on the same GPU and SGLang version."""
+
+    enabled: bool = field(default=False, metadata=_rule("true or false"))
+    prefix: str = field(default=FLEET_PREFIX, metadata=_rule('an etcd key prefix starting with "/"', _etcd_prefix))
+
+
 @dataclass(frozen=True, slots=True)
 class StateConfig:
     dir: str = field(default="/var/lib/sglang-supervisor", metadata=_rule("a directory path", bool))
@@ -329,6 +344,7 @@ class Config:
     router: RouterConfig = field(default_factory=RouterConfig)
     etcd: EtcdConfig = field(default_factory=EtcdConfig)
     group: GroupConfig = field(default_factory=GroupConfig)
+    fleet: FleetConfig = field(default_factory=FleetConfig)
     # Not a TOML key: the stem of the file it came from ("kimi" for kimi.toml).
     name: str = "supervisor"
     # Not a TOML key: with several ``[[server]]`` entries, one whole config per server (its
@@ -551,8 +567,14 @@ def _cross_checks(where: str, cfg: Config) -> None:
             raise ConfigError(f'{where}: [group] dist_init_addr = "": must be node 0\'s "HOST:PORT"')
         if not cfg.etcd.endpoints:
             raise ConfigError(f'{where}: [etcd] endpoints: missing: [group] needs etcd (e.g. endpoints = ["127.0.0.1:2379"])')
+        if cfg.fleet.enabled:
+            raise ConfigError(f"{where}: [fleet] with [group]: a group's fraction is its leader's, the same on "
+                              "every node; fleet memory for groups is not supported yet")
         if cfg.router.enabled and g.node_rank != 0:
             raise ConfigError(f"{where}: [router] enabled on node {g.node_rank}: only node 0 serves requests")
+    if cfg.fleet.enabled and not cfg.etcd.endpoints:
+        raise ConfigError(f'{where}: [etcd] endpoints: missing: [fleet] enabled = true needs etcd '
+                          '(e.g. endpoints = ["127.0.0.1:2379"])')
     if cfg.etcd.username and not cfg.etcd.password_file:
         raise ConfigError(f'{where}: [etcd] password_file = "": must be set when username is (read from a file, never inline)')
     if bool(cfg.etcd.cert_file) != bool(cfg.etcd.key_file):

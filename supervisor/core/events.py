@@ -573,5 +573,46 @@ class RouterCallFailed(Event):
     retry_s: float | None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetApplied(Event):
+    """The fleet's record (docs/fleet.md) knew this configuration at a lower rung than ours:
+    the next launch starts at ``mem_fraction_static`` (the fleet's, or our floor if the
+    fleet's is below it) instead of ``own_mem_fraction_static``."""
+
+    kind = "fleet_applied"
+    key: str
+    mem_fraction_static: float
+    fleet_mem_fraction_static: float
+    own_mem_fraction_static: float | None
+    source: str  # "HOST/SERVER (CONFIG)" of the OOM that took the fleet there
+    when: str
+    rung: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetUpdated(Event):
+    """Our OOMs are in the fleet's record at ``key`` (read, merged, compare-and-swapped)."""
+
+    kind = "fleet_updated"
+    key: str
+    rung: float | None  # the fleet's rung after the merge
+    fractions: tuple[float, ...]  # the fractions of the OOMs just added
+    conflicts: int  # how many times another daemon wrote first and the merge was redone
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetError(Event):
+    """The fleet's record could not be read or written, or the configuration's identity not
+    read: supervision goes on without it; a write is retried (``retry_s``), a read is tried
+    again at the next launch."""
+
+    kind = "fleet_error"
+    op: str  # read | write | version | gpu
+    key: str
+    error: str
+    retry_s: float | None = None
+    pending: int = 0  # our OOMs not yet in the record
+
+
 ALERT_KINDS: dict[str, str] = alert_kinds()
 QUIET_EVENTS: frozenset[str] = quiet_events()

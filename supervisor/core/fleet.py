@@ -169,3 +169,104 @@ def _slug(text: str) -> str:
     """``text`` as one readable path segment: runs of other characters become ``_``."""
     slug = _UNSAFE.sub("_", text).strip("_.") or "unknown"
     return slug[-SLUG_CHARS:] if len(slug) > SLUG_CHARS else slug
+
+
+# --- the record ------------------------------------------------------------------------------
+
+RECORD_VERSION = 1
+RECORD_OOMS = 100  # the newest OOMs kept in a record; the rung is kept whatever is dropped
+
+
+@dataclass(frozen=True, slots=True)
+class FleetOom:
+    """One step down the ladder somewhere in the fleet: the fraction that ran out of memory,
+    the rung it led to (None: the server gave up there), when (wall time, RFC 3339) and where.
+
+    The daemon's core makes these with ``host`` empty and ``key`` the fleet key of the launch
+    that crashed (empty if it was not known); the shell fills ``host`` when it writes them."""
+
+    fraction: float
+    next_fraction: float | None
+    when: str
+    cause: str
+    server: str
+    config: str
+    host: str = ""
+    key: str = ""
+
+    @property
+    def reached(self) -> float:
+        """The fraction the fleet reached through this step."""
+        return self.fraction if self.next_fraction is None else self.next_fraction
+
+    @property
+    def identity(self) -> tuple[float, str, str, str, str]:
+        """What makes two entries the same OOM (a write retried after an unseen success)."""
+        return (self.fraction, self.when, self.host, self.server, self.config)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"fraction": self.fraction, "next_fraction": self.next_fraction, "when": self.when,
+                "cause": self.cause, "host": self.host, "server": self.server, "config": self.config}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, object]) -> FleetOom:
+        nxt = d.get("next_fraction")
+        return cls(
+            fraction=float(d["fraction"]),  # type: ignore[arg-type]
+            next_fraction=None if nxt is None else float(nxt),  # type: ignore[arg-type]
+            when=str(d.get("when", "")), cause=str(d.get("cause", "")), server=str(d.get("server", "")),
+            config=str(d.get("config", "")), host=str(d.get("host", "")), key=str(d.get("key", "")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FleetRecord:
+    """The JSON at a fleet key: the lowest fraction the fleet reached (``rung``) and the OOMs
+    that led there, oldest first."""
+
+    key: str
+    rung: float | None
+    ooms: tuple[FleetOom, ...] = ()
+    updated: str = ""
+
+    @property
+    def oom_fractions(self) -> frozenset[float]:
+        return frozenset(o.fraction for o in self.ooms)
+
+    def lowest(self) -> FleetOom | None:
+        """The OOM that took the fleet to its rung (the newest of those)."""
+        at = [o for o in self.ooms if o.reached == self.rung]
+        return at[-1] if at else None
+
+    def to_json(self) -> bytes:
+        return json.dumps({
+            "version": RECORD_VERSION, "key": self.key, "rung": self.rung,
+            "ooms": [o.to_dict() for o in self.ooms], "updated": self.updated,
+        }, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, key: str, raw: bytes) -> FleetRecord:
+        """The record stored at ``key``; ``ValueError`` for anything else (not JSON, not ours)."""
+        try:
+            d = json.loads(raw)
+            rung = d.get("rung")
+            ooms = tuple(FleetOom.from_dict(o) for o in d.get("ooms", []))
+            return cls(key=key, rung=None if rung is None else float(rung), ooms=ooms,
+                       updated=str(d.get("updated", "")))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise ValueError(f"{key}: not a fleet record ({type(exc).__name__})") from None
+
+
+def merge(record: FleetRecord | None, key: str, ooms: Sequence[FleetOom], now: str) -> FleetRecord:
+    """``record`` with ``ooms`` added (an OOM it holds already is not added twice); the rung
+    only ever goes down. ``record`` None: a new record."""
+    kept = list(record.ooms) if record else []
+    seen = {o.identity for o in kept}
+    rung = record.rung if record else None
+    for oom in ooms:
+        rung = oom.reached if rung is None else min(rung, oom.reached)
+        if oom.identity not in seen:
+            seen.add(oom.identity)
+            kept.append(FleetOom(oom.fraction, oom.next_fraction, oom.when, oom.cause, oom.server, oom.config,
+                                 oom.host, ""))
+    return FleetRecord(key=key, rung=rung, ooms=tuple(kept[-RECORD_OOMS:]), updated=now)

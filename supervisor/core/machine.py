@@ -16,11 +16,13 @@ from typing import Any, TypeVar
 
 from supervisor.core import events as ev
 from supervisor.core import policy
-from supervisor.core.config import Config
+from supervisor.core.config import Config, unit_name
+from supervisor.core.fleet import FleetOom
 from supervisor.core.group import GROUP_STOP
 from supervisor.core.model import Cause, Diagnosis, ExitStatus, Phase, Remedy, StartupFacts, State
 
 HISTORY_LIMIT = 200
+FLEET_PENDING_LIMIT = 50  # lessons kept for the fleet while etcd is away; the rung is kept anyway
 
 
 class Timer(enum.StrEnum):
@@ -82,8 +84,40 @@ def _member(parse: Callable[[str], _E], value: str, default: _E) -> _E:
 
 
 @dataclass(frozen=True, slots=True)
+class FleetNote:
+    """What the fleet's record said the last time it was read for this server (docs/fleet.md):
+    its rung, where and when it was reached, the fractions that ran out of memory there, and
+    whether the fleet lowered our own rung (from ``own_fraction``, at ``applied_at``)."""
+
+    key: str
+    fraction: float  # the fleet's rung (our floor, if the fleet's went below it)
+    source: str  # "HOST/SERVER (CONFIG)" of the OOM that took the fleet there
+    when: str  # that OOM's wall time
+    oom_fractions: tuple[float, ...] = ()
+    own_fraction: float | None = None  # our rung before the fleet's was applied
+    applied: bool = False
+    applied_at: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["oom_fractions"] = list(self.oom_fractions)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FleetNote:
+        own = d.get("own_fraction")
+        return cls(
+            key=str(d["key"]), fraction=float(d["fraction"]), source=str(d.get("source", "")),
+            when=str(d.get("when", "")), oom_fractions=tuple(float(x) for x in d.get("oom_fractions", [])),
+            own_fraction=None if own is None else float(own), applied=bool(d.get("applied", False)),
+            applied_at=str(d.get("applied_at", "")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Learned:
-    """What survives a daemon restart: the rung, what crashed, the history."""
+    """What survives a daemon restart: the rung, what crashed, the history; with ``[fleet]``
+    also the lessons not yet written to the fleet's record and what the fleet last said."""
 
     # None: not set by us, SGLang chooses (the flag is left out) until its server_args line
     # says what it chose; from then on the ladder steps from that value.
@@ -94,6 +128,14 @@ class Learned:
     oom_fractions: frozenset[float] = frozenset()
     history: tuple[CrashRecord, ...] = ()
     restarts: int = 0
+    fleet_pending: tuple[FleetOom, ...] = ()  # OOMs the fleet's record does not hold yet
+    fleet: FleetNote | None = None
+
+    @property
+    def ceiling_fractions(self) -> frozenset[float]:
+        """Fractions the ladder never climbs back to: ours that ran out of CUDA memory, and the
+        fleet's (the same configuration on the same GPU ran out there)."""
+        return self.oom_fractions | frozenset(self.fleet.oom_fractions if self.fleet else ())
 
     @classmethod
     def initial(cls, cfg: Config) -> Learned:
@@ -109,13 +151,16 @@ class Learned:
         ):
             return self
         return replace(
-            fresh, oom_fractions=self.oom_fractions, history=self.history, restarts=self.restarts
+            fresh, oom_fractions=self.oom_fractions, history=self.history, restarts=self.restarts,
+            fleet_pending=self.fleet_pending,
         )
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["oom_fractions"] = sorted(self.oom_fractions, reverse=True)
         d["history"] = [h.to_dict() for h in self.history]
+        d["fleet_pending"] = [{**o.to_dict(), "key": o.key} for o in self.fleet_pending]
+        d["fleet"] = None if self.fleet is None else self.fleet.to_dict()
         return d
 
     @classmethod
@@ -128,6 +173,8 @@ class Learned:
             oom_fractions=frozenset(float(x) for x in d.get("oom_fractions", [])),
             history=tuple(CrashRecord.from_dict(h) for h in d.get("history", [])),
             restarts=int(d.get("restarts", 0)),
+            fleet_pending=tuple(FleetOom.from_dict(o) for o in d.get("fleet_pending", [])),
+            fleet=None if not d.get("fleet") else FleetNote.from_dict(d["fleet"]),
         )
 
 
@@ -154,6 +201,7 @@ class Core:
     reason: str = ""  # why the last transition happened (status, gave-up reason)
     part_died: str = ""  # "sglang::scheduler (pid 12)": a process of the tree that died first
     generation: int = 0  # [group]: the group generation this node runs (or last ran)
+    fleet_key: str = ""  # the fleet key of the configuration being launched ("" = not known)
 
     @classmethod
     def initial(cls, learned: Learned) -> Core:
@@ -285,10 +333,30 @@ class GroupGaveUp:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class FleetAdvice:
+    """What the fleet's record says of the configuration about to be launched (read while
+    PREPARING). ``fraction`` None: the fleet does not know it (or etcd could not be read);
+    ``key`` "": its identity could not be read."""
+
+    key: str
+    fraction: float | None = None
+    oom_fractions: tuple[float, ...] = ()
+    source: str = ""
+    when: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class FleetShared:
+    """These lessons are in the fleet's record now."""
+
+    entries: tuple[FleetOom, ...]
+
+
 Event = (
     Boot | Prepared | PrepareFailed | Launched | LaunchFailed | ProbeResult | FactsUpdated
     | ServerDied | ServerExited | TimerFired | GpuLost | StopRequested | ConfigChanged | PartDied
-    | RestartRequested | GroupLaunch | GroupEnded | GroupGaveUp
+    | RestartRequested | GroupLaunch | GroupEnded | GroupGaveUp | FleetAdvice | FleetShared
 )
 
 
@@ -381,9 +449,17 @@ class GroupReport:
     exit: str
 
 
+@dataclass(frozen=True, slots=True)
+class FleetShare:
+    """Merge these lessons into the fleet's record (read, merge, compare-and-swap, retried
+    until it works); a ``FleetShared`` follows once they are in."""
+
+    entries: tuple[FleetOom, ...]
+
+
 Action = (
     Prepare | Launch | StopServer | SetTimer | CancelTimer | Emit | Probe | Persist | Exit | RouterAdd | RouterRemove
-    | GroupReport
+    | GroupReport | FleetShare
 )
 
 
@@ -521,7 +597,7 @@ def _after_failure(
         remedy=diagnosis.remedy,
         fraction=learned.fraction,
         hicache_size_gb=learned.hicache_size_gb,
-        oom_fractions=learned.oom_fractions,
+        oom_fractions=learned.ceiling_fractions,
         crashes_in_window=len(crash_times),
         failures=failures,
         cfg=cfg.policy,
@@ -530,8 +606,18 @@ def _after_failure(
         min_fraction=diagnosis.min_fraction,
     )
     oom = learned.oom_fractions
+    pending = learned.fleet_pending
+    share: list[Action] = []
     if diagnosis.remedy is Remedy.FRACTION_DOWN and learned.fraction is not None:
         oom = oom | {learned.fraction}
+        if cfg.fleet.enabled:
+            # The fleet learns what our ladder learned: the fraction that ran out and the rung it led to.
+            lesson = FleetOom(
+                fraction=learned.fraction, next_fraction=None if decision.give_up else decision.fraction,
+                when=ctx.wall_time, cause=str(cause), server=unit_name(cfg), config=cfg.name, key=core.fleet_key,
+            )
+            pending = (*pending, lesson)[-FLEET_PENDING_LIMIT:]
+            share = [FleetShare(pending)]
     exit_text = status.describe() if status else "stopped by the supervisor"
     record = CrashRecord(
         wall_time=ctx.wall_time,
@@ -552,6 +638,7 @@ def _after_failure(
         fraction=decision.fraction,
         hicache_size_gb=decision.hicache_size_gb,
         restarts=learned.restarts + (0 if decision.give_up else 1),
+        fleet_pending=pending,
     )
     core = replace(
         core,
@@ -590,7 +677,7 @@ def _after_failure(
         log_cause=None if log_diagnosis is None else log_diagnosis.cause,
         log_evidence=() if log_diagnosis is None else tuple(log_diagnosis.evidence),
     ))
-    crash_events: list[Action] = [crash_event] if counted else []
+    crash_events: list[Action] = [crash_event, *share] if counted else share
     if decision.give_up:
         new, actions = _give_up(core, decision.reason, cause)
         return new, [*crash_events, *actions]
@@ -686,6 +773,44 @@ def _ready(core: Core, ctx: Ctx) -> tuple[Core, list[Action]]:
         SetTimer(Timer.STABLE, ctx.cfg.policy.stable_after_s),
     ]
     return new, out
+
+
+def _fleet_advice(core: Core, advice: FleetAdvice, ctx: Ctx) -> tuple[Core, list[Action]]:
+    """The fleet's record, read before a launch: its rung replaces ours only when it is lower
+    (never below our ladder's floor, never raising ours); lessons still unshared go out now
+    that the launch's key is known."""
+    core = replace(core, fleet_key=advice.key)
+    out: list[Action] = []
+    learned = core.learned
+    if learned.fleet_pending and advice.key and ctx.cfg.fleet.enabled:
+        out.append(FleetShare(learned.fleet_pending))
+    own = learned.fraction
+    if advice.fraction is None or not advice.key:
+        return core, out
+    floor = ctx.cfg.policy.fraction_ladder[-1]
+    target = max(advice.fraction, floor)
+    known = FleetNote(
+        key=advice.key, fraction=target, source=advice.source, when=advice.when,
+        oom_fractions=tuple(sorted(advice.oom_fractions, reverse=True)), own_fraction=own,
+    )
+    if own is None or target >= own - 1e-9:
+        # Not lower (or SGLang chooses ours): nothing applied. A note of an earlier
+        # application of this same rung is kept, so status still says where ours came from.
+        old = learned.fleet
+        if old is not None and old.applied and (old.key, old.fraction) == (advice.key, target):
+            known = replace(old, oom_fractions=known.oom_fractions, source=advice.source, when=advice.when)
+        if known == learned.fleet:
+            return core, out
+        return replace(core, learned=replace(learned, fleet=known)), [*out, Persist()]
+    # our rung -> the fleet's (lower): the next launch starts there
+    note = replace(known, applied=True, applied_at=ctx.wall_time)
+    core = replace(core, learned=replace(learned, fraction=target, fleet=note))
+    applied = ev.FleetApplied(
+        key=advice.key, mem_fraction_static=target, fleet_mem_fraction_static=advice.fraction,
+        own_mem_fraction_static=own, source=advice.source, when=advice.when,
+        rung=policy.rung_of(target, ctx.cfg.policy.fraction_ladder),
+    )
+    return core, [*out, Persist(), Emit(applied)]
 
 
 def facts_event(facts: StartupFacts) -> ev.StartupFactsEvent:
@@ -1006,5 +1131,15 @@ def _step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
             # BACKOFF/GAVE_UP -> PREPARING: an operator says try now; the crash budget starts afresh
             new, actions = _prepare(replace(core, crash_times=(), failures=0), f"restart requested: {reason}")
             return new, [CancelTimer(Timer.BACKOFF), *actions]
+
+        case FleetAdvice() as advice if s is State.PREPARING:
+            return _fleet_advice(core, advice, ctx)
+
+        case FleetShared(entries=entries):
+            shared = set(entries)
+            left = tuple(o for o in core.learned.fleet_pending if o not in shared)
+            if left == core.learned.fleet_pending:
+                return core, []
+            return replace(core, learned=replace(core.learned, fleet_pending=left)), [Persist()]
 
     return core, []  # an event that means nothing in this state (e.g. a late probe)

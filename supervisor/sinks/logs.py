@@ -31,6 +31,7 @@ EVENT_LEVELS = {
     "daemon_failed": "error",
     "state_write_failed": "warning",
     "server_log_write_failed": "warning",
+    "fleet_error": "warning",
 }
 SECRET_FLAGS = ("--api-key", "--admin-api-key", "--hf-token", "--token", "--password")
 

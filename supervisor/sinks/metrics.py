@@ -64,6 +64,9 @@ COUNTED_EVENTS = (
     "port_in_use",
     "restart_requested",
     "fraction_learned",
+    "fleet_applied",
+    "fleet_updated",
+    "fleet_error",
     "daemon_failed",
 )
 ROUTER_OPS = ("add", "remove", "list")  # supervisor.routing
