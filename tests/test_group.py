@@ -49,8 +49,9 @@ from supervisor.core.machine import (
 )
 from supervisor.core.model import Cause, Diagnosis, ExitStatus, Phase, Remedy, State
 
-# What node 0 of a two-node group logged when node 1's process was killed (SGLang 0.5.23 on
-# the CPU with gloo, as issue 16 quotes it).
+# What node 0 of a two-node group logged when node 1's scheduler was killed (real SGLang
+# 0.5.23 on the CPU with gloo, tests/real/test_real_group.py; node 1 logs the same when node
+# 0 dies).
 NODE0_ECHO = """\
 [2026-11-30 10:00:01 TP0] Scheduler hit an exception: Traceback (most recent call last):
   File "/sglang/python/sglang/srt/managers/scheduler.py", line 2794, in run_scheduler_process
@@ -59,7 +60,7 @@ NODE0_ECHO = """\
     recv_reqs = broadcast_pyobj(
   File "/sglang/python/sglang/srt/utils/common.py", line 1181, in broadcast_pyobj
     dist.broadcast(tensor_size, src=src, group=dist_group)
-RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error [127.0.0.1]:41234: Connection reset by peer
+RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:13021. This is typically caused by a remote worker crashing. Check the logs of the remote worker before reporting an error. GLHF!
 
 [2026-11-30 10:00:01] Received sigquit from a child process. It usually means the child failed.
 """

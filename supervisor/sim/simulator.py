@@ -115,8 +115,9 @@ MEMORY_EVENTS_KEYS = ("low", "high", "max", "oom", "oom_kill", "oom_group_kill")
 
 SGLANG = "/sgl-workspace/sglang/python/sglang/srt"
 TORCH = "/usr/local/lib/python3.12/dist-packages/torch"
-# What node 0's scheduler logs when a peer node's rank went away (SGLang 0.5.23 on the CPU,
-# gloo; issue 16): its next broadcast fails on the reset connection.
+# What a node's scheduler logs when a peer node's rank went away (real SGLang 0.5.23 on the
+# CPU with gloo, tests/real/test_real_group.py; either node, the survivor): its next
+# collective fails on the closed pair.
 PEER_LOST_TRACEBACK = (
     "Traceback (most recent call last):\n"
     '  File "/sglang/python/sglang/srt/managers/scheduler.py", line 2794, in run_scheduler_process\n'
@@ -125,7 +126,9 @@ PEER_LOST_TRACEBACK = (
     "    recv_reqs = broadcast_pyobj(\n"
     '  File "/sglang/python/sglang/srt/utils/common.py", line 1181, in broadcast_pyobj\n'
     "    dist.broadcast(tensor_size, src=src, group=dist_group)\n"
-    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error [{addr}]: Connection reset by peer\n"
+    "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by "
+    "peer [{addr}]. This is typically caused by a remote worker crashing. Check the logs of the remote worker "
+    "before reporting an error.\n"
 )
 FRAME_REPR = "<frame at 0x7f3a5c1e4a40, file '/usr/lib/python3.12/selectors.py', line 468, code select>"
 
@@ -851,10 +854,9 @@ class Scheduler:
                 self.cfg.gpu_dir, os.getpid(), {self.rank.gpu: int(held_gb * GIB)}, title=self.rank.title
             )
 
-    def quit_parent(self, traceback: str, *, quiet: bool = False) -> NoReturn:
+    def quit_parent(self, traceback: str) -> NoReturn:
         """SGLang's ``except`` in run_scheduler_process: log, SIGQUIT the parent, wait to be killed."""
-        if not quiet:
-            self.log(f"Scheduler hit an exception: {traceback}")
+        self.log(f"Scheduler hit an exception: {traceback}")
         if self.cfg.version != "0.5.6":  # the crash is now, not the tree kill seconds later
             crash_stamp(self.cfg.crash_stamp)
         with contextlib.suppress(ProcessLookupError):
@@ -1062,9 +1064,8 @@ class Scheduler:
         elif op == "fault":
             self.fault(msg["mode"])
         elif op == "peer_lost":
-            # a peer node's rank went away: the next collective fails (issue 16: node 0 logs
-            # this traceback; a node >= 1, still in its launch phase, only its SIGQUIT line)
-            self.quit_parent(PEER_LOST_TRACEBACK.format(addr=msg.get("addr") or "?"), quiet=self.cfg.node_rank > 0)
+            # a peer node's rank went away: the next collective fails, on either node
+            self.quit_parent(PEER_LOST_TRACEBACK.format(addr=msg.get("addr") or "?"))
 
     def step(self, now: float) -> None:
         if self.serving and self.cfg.log_rate > 0 and now >= self.next_log:

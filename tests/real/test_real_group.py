@@ -1,0 +1,82 @@
+"""A two-node group of real SGLang on the CPU (``--nnodes 2``, gloo), each node's rank owned by
+a real daemon (``[group]``), coordinated through a real etcd: the test of issue 16 on the
+reference server.
+
+Two "nodes" are two SGLang servers on one host: node 0 and node 1 with ``--tp-size 2`` across
+them, ``SGLANG_CPU_OMP_THREADS_BIND`` pinning each to its own core and
+``SGLANG_NCCL_SO_PATH`` pointed at a file that does not exist (so CUDA's NCCL is never
+loaded). Killing either node's scheduler ends the generation on both; the leader names the
+killed node's own finding the root cause, not the echo in its peer's log (node 0 logs a gloo
+reset when node 1 dies; node 1 only its SIGQUIT line when node 0 dies), and both relaunch
+as one new generation. Each run prints the time from the kill to both relaunched and to both
+READY, and what each node's log said.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.conftest import free_port, wait_until
+from tests.etcdlib import EtcdServer, etcd_server  # noqa: F401 - a fixture
+from tests.harness import DaemonRun
+from tests.real import nights
+from tests.real.sglang_env import RealSGLang
+
+READY_S = 240.0
+
+
+def node_configs(tmp_path: Path, real: RealSGLang, etcd: EtcdServer) -> list[Path]:
+    dist = f"127.0.0.1:{free_port()}"
+    configs = []
+    for rank, bind in ((0, "0|1"), (1, "1|0")):
+        tmp = tmp_path / f"node{rank}"
+        tmp.mkdir()
+        configs.append(nights.real_config(tmp, real, {
+            "server": {"tp_size": 2, "stop_grace_s": 30.0},
+            "health": {"failures": 3},
+            "policy": {"backoff_initial_s": 1.0, "backoff_max_s": 2.0},
+            "group": {"name": "real", "node_rank": rank, "nnodes": 2, "dist_init_addr": dist, "lease_ttl_s": 10},
+            "etcd": {"endpoints": [etcd.endpoint], "timeout_s": 5.0},
+        }, env={"SGLANG_CPU_OMP_THREADS_BIND": bind, "SGLANG_NCCL_SO_PATH": str(tmp / "no-such-libnccl.so")},
+            name=f"node{rank}"))
+    return configs
+
+
+def scheduler_of(main_pid: int) -> psutil.Process:
+    return nights.part(main_pid)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("victim", [1, 0])
+def test_a_real_two_node_group_restarts_as_one_with_the_killed_nodes_cause(
+    tmp_path: Path, real_sglang: RealSGLang, real_lock: None, etcd_server: EtcdServer, victim: int,  # noqa: F811
+) -> None:
+    configs = node_configs(tmp_path, real_sglang, etcd_server)
+    with DaemonRun(configs[0]) as n0, DaemonRun(configs[1]) as n1:
+        nodes = [n0, n1]
+        for d in nodes:
+            d.wait_for("server_ready", READY_S, attempt=1)
+        main = int(nodes[victim].wait_for("launch")["pid"])
+        killed_at = time.monotonic()
+        scheduler_of(main).kill()
+        wait_until(lambda: all(len(d.find("launch")) >= 2 for d in nodes), READY_S, 0.1, "both nodes relaunched")
+        relaunched = max(d.find("launch")[1]["mono"] for d in nodes) - killed_at
+        for d in nodes:
+            d.wait_for("server_ready", READY_S, attempt=2)
+        ready = max(d.find("server_ready", attempt=2)[0]["mono"] for d in nodes) - killed_at
+        gen: dict[str, Any] = next(e for d in nodes for e in d.find("group_generation", number=2))
+        said = {d.find("crash")[0]["instance"]: (d.find("crash")[0]["cause"], d.find("crash")[0]["evidence"][:1])
+                for d in nodes if d.find("crash")}
+        print(f"\nreal group, node {victim} killed: both relaunched {relaunched:.1f} s after the kill, both READY "
+              f"{ready:.1f} s; each node's log said {said}; reports {gen['reports']}; root cause node "
+              f"{gen['root_node']}: {gen['reason']}")
+        assert gen["root_node"] == victim, gen
+        ranks = {r["node"]: r["rank"] for r in gen["reports"]}
+        assert ranks[victim] != "echo" and ranks.get(1 - victim, "echo") == "echo", gen
+        for d in nodes:
+            assert d.stop() == 0
