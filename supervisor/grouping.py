@@ -167,6 +167,7 @@ class GroupSync:
             self._emit(ev.GroupEtcdRecovered(down_s=round(loop.time() - self._down_since, 3)))
             self._down_since = None
         self.etcd_up = True
+        self._emit(ev.GroupJoined(group=self.group.name, node_rank=self.group.node_rank))
         tasks = [
             asyncio.create_task(etcd.keep_alive(lease), name="group-lease"),
             asyncio.create_task(self._watch(), name="group-watch"),

@@ -587,3 +587,21 @@ def test_several_servers_are_served_as_one_exposition_under_a_server_label() -> 
     buckets = {s.labels["server"] for f in families for s in f.samples if s.name == P + "startup_duration_seconds_bucket"}
     assert buckets == {"tp4-a", "tp4-b"}
     assert text.count("# TYPE sglang_supervisor_state gauge") == 1
+
+
+def test_a_group_nodes_etcd_reachability_and_leadership_are_gauges() -> None:
+    """[group]: NaN without a group; etcd up once joined, 0 during an outage (which also ends
+    a leadership); the leader's last decided generation."""
+    metrics, registry = make()
+    assert math.isnan(value(registry, "group_etcd_up")) and math.isnan(value(registry, "group_leader"))
+    metrics.emit(edge("group_joined", {"group": "g", "node_rank": 1}))
+    assert (value(registry, "group_etcd_up"), value(registry, "group_leader")) == (1, 0)
+    metrics.emit(edge("group_leader", {"group": "g", "node_rank": 1}))
+    metrics.emit(edge("group_generation", {"group": "g", "number": 4, "mem_fraction_static": 0.88, "hicache_size_gb": 0,
+                                           "reason": "node 0: OOM", "delay_s": 10.0, "gave_up": False}))
+    assert (value(registry, "group_leader"), value(registry, "group_generation")) == (1, 4)
+    metrics.emit(edge("group_etcd_unreachable", {"error": "etcd 127.0.0.1:2379: get failed: unreachable"}))
+    assert (value(registry, "group_etcd_up"), value(registry, "group_leader")) == (0, 0)
+    assert value(registry, "events_total", event="group_etcd_unreachable") == 1
+    metrics.emit(edge("group_etcd_recovered", {"down_s": 12.5}))
+    assert value(registry, "group_etcd_up") == 1

@@ -184,6 +184,16 @@ class RollingRestart(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class GroupJoined(Event):
+    """[group]: this node registered in etcd (its lease and node key), at start and after
+    every outage."""
+
+    kind = "group_joined"
+    group: str
+    node_rank: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GroupLeader(Event):
     """[group]: this node's daemon leads the group now (elected in etcd)."""
 

@@ -64,6 +64,8 @@ COUNTED_EVENTS = (
     "port_in_use",
     "restart_requested",
     "fraction_learned",
+    "group_generation_ended",
+    "group_etcd_unreachable",
     "fleet_applied",
     "fleet_updated",
     "fleet_error",
@@ -253,6 +255,10 @@ class Metrics:
             buckets=ROUTER_REMOVE_BUCKETS, registry=registry,
         )
         self.router_call_failures = counter("router_call_failures", "Failed calls to SGLang's router, by operation.", ["op"])
+        # A multi-node group ([group], docs/group.md).
+        self.group_etcd_up = gauge("group_etcd_up", "1 while etcd answers the group's node, 0 during an outage (NaN = no [group]).")
+        self.group_leader = gauge("group_leader", "1 while this node's daemon leads its group, else 0 (NaN = no [group]).")
+        self.group_generation = gauge("group_generation", "The last generation the group's leader decided, seen from the leader (NaN = none yet).")
 
         for metric, label_values in (
             (self.state, [s.value for s in State]),
@@ -267,7 +273,8 @@ class Metrics:
         ):
             for value in label_values:
                 metric.labels(value)
-        for unknown in (self.fraction, self.ladder_rung, self.mqtt_connected):
+        for unknown in (self.fraction, self.ladder_rung, self.mqtt_connected, self.group_etcd_up, self.group_leader,
+                        self.group_generation):
             unknown.set(NAN)
         self._set_ladder(fraction_ladder)
         self.headroom_min.set(_gauge_value(headroom_min_gb, GIB))
@@ -294,6 +301,11 @@ class Metrics:
             "router_registered": self._on_router_registered,
             "router_removed": self._on_router_removed,
             "router_call_failed": self._on_router_call_failed,
+            "group_joined": self._on_group_joined,
+            "group_leader": self._on_group_leader,
+            "group_generation": self._on_group_generation,
+            "group_etcd_unreachable": self._on_group_etcd_unreachable,
+            "group_etcd_recovered": self._on_group_etcd_recovered,
         }
 
     # -- EventSink ---------------------------------------------------------------------
@@ -503,6 +515,24 @@ class Metrics:
         after = fields.get("after_s")
         if isinstance(after, int | float) and math.isfinite(after) and after >= 0:
             self.router_remove.observe(after)
+
+    def _on_group_joined(self, fields: Fields) -> None:
+        self.group_etcd_up.set(1)
+        self.group_leader.set(0)
+
+    def _on_group_leader(self, fields: Fields) -> None:
+        self.group_leader.set(1)
+        self.group_etcd_up.set(1)
+
+    def _on_group_generation(self, fields: Fields) -> None:
+        self.group_generation.set(_gauge_value(fields.get("number")))
+
+    def _on_group_etcd_unreachable(self, fields: Fields) -> None:
+        self.group_etcd_up.set(0)
+        self.group_leader.set(0)  # a lost session ends a leadership
+
+    def _on_group_etcd_recovered(self, fields: Fields) -> None:
+        self.group_etcd_up.set(1)
 
     def _on_router_call_failed(self, fields: Fields) -> None:
         op = fields.get("op")
