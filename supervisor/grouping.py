@@ -307,7 +307,7 @@ class _Leader:
 
     async def _watch_running(self, gen: Generation, nodes: dict[int, NodeInfo], view: View) -> None:
         reports = (view.reports or {}).get(gen.number, {})
-        why = ""
+        why, lost_node = "", None
         if reports:
             first = min(reports.values(), key=lambda kv: kv.create_revision)
             d = json.loads(first.value)
@@ -315,9 +315,10 @@ class _Leader:
         elif self.now() > self.grace_until:
             lost = [r for r in range(self.s.group.nnodes) if r not in nodes]
             if lost:
-                why = f"node {lost[0]} lost: its lease expired (its daemon or its host is gone)"
+                lost_node = lost[0]
+                why = f"node {lost_node} lost: its lease expired (its daemon or its host is gone)"
         if why:
-            await self._write(replace(gen, ended=why), view.generation_rev)
+            await self._write(replace(gen, ended=why, lost_node=lost_node), view.generation_rev)
             self.s._emit(ev.GroupGenerationEnded(group=self.s.group.name, number=gen.number, reason=why))
             return
         head = nodes.get(0)
@@ -341,11 +342,12 @@ class _Leader:
             parsed.append(Report(rank, gen.number, diagnosis_from_dict(d.get("diagnosis") or {}), kv.create_revision,
                                  str(d.get("host", ""))))
         nxt = next_generation(gen, parsed, s.cfg.policy, leader=s.host, jitter_sample=s._rng.random())
-        root = next((r for r in parsed if nxt.root_cause and r.node_rank == nxt.root_cause.get("node_rank")), None)
+        root = nxt.root_cause or {}
         s._emit(ev.GroupGeneration(
             group=s.group.name, number=nxt.number, mem_fraction_static=nxt.fraction,
             hicache_size_gb=nxt.hicache_size_gb, reason=nxt.reason, delay_s=nxt.delay_s, gave_up=nxt.gave_up,
-            root_node=root.node_rank if root else None, root_cause=root.diagnosis.cause if root else None,
+            root_node=root.get("node_rank"),
+            root_cause=diagnosis_from_dict(root.get("diagnosis") or {}).cause if root else None,
             reports=tuple({"node": r.node_rank, "cause": str(r.diagnosis.cause), "rank": r.rank.name.lower(),
                            "revision": r.revision} for r in sorted(parsed, key=lambda r: r.revision)),
         ))

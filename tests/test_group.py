@@ -13,6 +13,7 @@ from diagnosis_corpus import MEMORY_CAUSES, REAL, entries
 from supervisor.core.config import PolicyConfig, build_config
 from supervisor.core.diagnosis import diagnose
 from supervisor.core.group import (
+    GROUP_STOP,
     Generation,
     Rank,
     Report,
@@ -178,10 +179,13 @@ def test_a_dead_gpu_on_any_node_gives_the_group_up_and_a_lost_node_is_a_plain_re
     dead = next_generation(ended, [report(0, Cause.NCCL_ERROR, 3), report(1, Cause.GPU_HW_ERROR, 4)], POLICY,
                            leader="n0", jitter_sample=0.5)
     assert dead.gave_up and dead.root_cause is not None and dead.root_cause["node_rank"] == 1
-    lost = next_generation(replace(ended, ended="node 1 lost: its lease expired"), [], POLICY, leader="n0",
-                           jitter_sample=0.5)
-    assert (lost.fraction, lost.gave_up, lost.root_cause) == (0.93, False, None)
-    assert "node 1 lost" not in lost.reason and lost.reason.startswith("the group: an unrecognised error")
+    lost = next_generation(replace(ended, ended="node 1 lost: its lease expired", lost_node=1),
+                           [report(0, Cause.OTHER, 5, GROUP_STOP)], POLICY, leader="n0", jitter_sample=0.5)
+    assert (lost.fraction, lost.gave_up) == (0.93, False)  # a plain restart
+    assert lost.root_cause is not None and lost.root_cause["node_rank"] == 1  # the lost node, not node 0's stop
+    assert lost.reason.startswith("node 1: an unrecognised error")
+    nobody = next_generation(replace(ended, ended="x"), [], POLICY, leader="n0", jitter_sample=0.5)
+    assert nobody.root_cause is None and nobody.reason.startswith("the group: ")
 
 
 # -- a node's core in a group ------------------------------------------------------------------

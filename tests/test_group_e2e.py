@@ -101,6 +101,8 @@ def test_a_daemon_killed_loses_its_lease_and_the_group_restarts(tmp_path: Path, 
             ended = n0.wait_for("group_generation_ended", 60)  # node 0 leads now, whoever led before
             assert ended["reason"].startswith("node 1 lost"), ended
             n0.wait_for("state_changed", 60, to="WAITING")  # its rank stopped, waiting for the group
+            gen = n0.wait_for("group_generation", 60, number=2)
+            assert gen["root_node"] == 1, gen  # the lost node, not node 0's own stop
             n1b = DaemonRun(configs[1])  # systemd restarts it; it joins the next generation
             try:
                 n0.wait_for("server_ready", READY_S, attempt=2)

@@ -130,6 +130,7 @@ class Generation:
     delay_s: float = 0.0
     root_cause: Mapping[str, Any] | None = None
     ended: str = ""  # why the generation ended ("" while it runs)
+    lost_node: int | None = None  # the node whose lease expired, when that ended it
     gave_up: bool = False
     oom_fractions: tuple[float, ...] = ()
     # Generations in a row that ended without serving stable_after_s (the group's crash
@@ -159,6 +160,7 @@ class Generation:
             delay_s=float(d.get("delay_s", 0.0)),
             root_cause=d.get("root_cause") if isinstance(d.get("root_cause"), dict) else None,
             ended=str(d.get("ended", "")),
+            lost_node=int(d["lost_node"]) if isinstance(d.get("lost_node"), int) else None,
             gave_up=bool(d.get("gave_up", False)),
             oom_fractions=tuple(float(x) for x in d.get("oom_fractions", ())),
             failures=int(d.get("failures", 0)),
@@ -179,6 +181,10 @@ def next_generation(ended: Generation, reports: Sequence[Report], cfg: PolicyCon
     with the streak, a cause a restart cannot fix gives up). Without a report (a node lost
     with its host) it is a plain restart."""
     chosen = root_cause(reports)
+    if ended.lost_node is not None and (chosen is None or chosen.rank is Rank.ECHO):
+        # A node that vanished (its daemon or host gone) outranks the echoes of its peers.
+        lost = Diagnosis(cause=Cause.OTHER, phase=Phase.SERVING, evidence=(ended.ended or "a node was lost",))
+        chosen = Report(ended.lost_node, ended.number, lost, 0)
     diagnosis = chosen.diagnosis if chosen is not None else Diagnosis(
         cause=Cause.OTHER, phase=Phase.SERVING, evidence=(ended.ended or "a node was lost",))
     failures = 1 if ended.stable else ended.failures + 1

@@ -80,3 +80,45 @@ def test_a_real_two_node_group_restarts_as_one_with_the_killed_nodes_cause(
         assert ranks[victim] != "echo" and ranks.get(1 - victim, "echo") == "echo", gen
         for d in nodes:
             assert d.stop() == 0
+
+
+@pytest.mark.timeout(900)
+def test_a_real_group_outlives_an_etcd_outage_and_restarts_when_a_daemon_dies(
+    tmp_path: Path, real_sglang: RealSGLang, real_lock: None, etcd_server: EtcdServer,  # noqa: F811
+) -> None:
+    """etcd stopped for longer than the lease: both servers keep serving and nothing is
+    relaunched; then node 1's daemon SIGKILLed: its lease expires, node 0's rank is stopped
+    and, once a new daemon for node 1 joins, both run the next generation."""
+    configs = node_configs(tmp_path, real_sglang, etcd_server)
+    with DaemonRun(configs[0]) as n0:
+        n1 = DaemonRun(configs[1])
+        try:
+            for d in (n0, n1):
+                d.wait_for("server_ready", READY_S, attempt=1)
+            etcd_server.stop()
+            for d in (n0, n1):
+                d.wait_for("group_etcd_unreachable", 60)
+            time.sleep(15.0)  # longer than the 10 s lease
+            etcd_server.start()
+            for d in (n0, n1):
+                d.wait_for("group_etcd_recovered", 120)
+            time.sleep(5.0)
+            for d in (n0, n1):
+                assert len(d.find("launch")) == 1 and d.find("server_down") == [], "relaunched after an outage"
+                assert d.states()[-1] == "READY"
+            killed_at = time.monotonic()
+            n1.kill()  # its server runs on, its lease expires
+            ended = n0.wait_for("group_generation_ended", 120)
+            assert ended["reason"].startswith("node 1 lost"), ended
+            print(f"\nreal group, node 1's daemon killed: generation ended {ended['mono'] - killed_at:.1f} s later "
+                  f"({ended['reason']})")
+            n1b = DaemonRun(configs[1])  # systemd restarts it
+            try:
+                n0.wait_for("server_ready", READY_S, attempt=2)
+                n1b.wait_for("server_ready", READY_S)
+                assert n1b.stop() == 0
+            finally:
+                n1b.kill()
+        finally:
+            n1.kill()
+        assert n0.stop() == 0
