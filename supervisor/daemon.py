@@ -258,6 +258,9 @@ class Daemon:
 
     def request_restart(self, reason: str, server: str | None = None) -> dict[str, Any]:
         """A planned restart of one server, or of all of them one at a time (rolling)."""
+        if self.cfg.group.enabled:
+            return {"ok": False, "error": (f"node {self.cfg.group.node_rank} of group {self.cfg.group.name!r} cannot "
+                                           "restart alone: the group relaunches as one (docs/group.md)")}
         if self._rolling is not None and not self._rolling.done():
             return {"ok": False, "error": "a rolling restart is already in progress"}
         units = self.units if server is None else [u for u in self.units if u.name == server]

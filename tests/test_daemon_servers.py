@@ -194,3 +194,20 @@ async def test_a_pass_waits_for_another_server_to_serve_before_it_takes_one_down
         await pair.until(lambda: len(pair.servers("a")) == 2, "a restarted once b served")
         pair.daemon.request_stop("test")
         assert await pair.task == 0
+
+
+def test_a_group_node_refuses_a_restart_of_its_own(tmp_path: Path) -> None:
+    """A node of a multi-node group cannot restart alone: the group relaunches as one."""
+    from supervisor.core.config import build_config
+
+    cfg = build_config({"server": {"model_path": "/m", "tp_size": 2},
+                        "group": {"name": "kimi", "node_rank": 1, "nnodes": 2, "dist_init_addr": "10.0.0.1:5000"},
+                        "etcd": {"endpoints": ["127.0.0.1:2379"]}, "state": {"dir": str(tmp_path)}})
+    ports = Ports(
+        store=FakeStore(tmp_path), sinks=[], logger=BoundLogger(), cleanup=FakeCleanup(), preflight=FakePreflight(),
+        spawner=Spawner(), prober=lambda url, timeout_s: FakeProber(), gpu_monitor=lambda *a, **k: None,
+        open_log=FakeLog, start_control=start_control, oom_kills=lambda path: None, install_signals=False,
+    )
+    answer = Daemon(cfg, ports)._on_control({"cmd": "restart"})
+    assert answer == {"ok": False, "error": "node 1 of group 'kimi' cannot restart alone: the group relaunches as one "
+                                            "(docs/group.md)"}
