@@ -43,7 +43,8 @@ VIOLATIONS = [
     ("daemon.py", "import supervisor.adapters.process", None),  # allowed by the layers: must stay kept
     ("adapters/gpu.py", "import supervisor.adapters.cleanup", "adapters are independent"),
     ("adapters/etcd.py", "import supervisor.adapters.versions", "adapters are independent"),
-    ("fleet_sync.py", "import supervisor.adapters.etcd", "fleet memory reaches etcd and the version probe through ports"),
+    ("fleet_sync.py", "import supervisor.adapters.etcd", "fleet memory and groups reach etcd and the version probe through ports"),
+    ("grouping.py", "import supervisor.adapters.etcd", "fleet memory and groups reach etcd and the version probe through ports"),
     ("sinks/logs.py", "import supervisor.sinks.metrics", "sinks are independent of each other"),
     ("cli/run.py", "import supervisor.sim.simgpu", "the CLI reaches the simulator only through cli.registry"),
     ("sim/demo.py", "import supervisor.daemon", "the simulator never imports the daemon"),

@@ -159,8 +159,14 @@ class Learned:
         d = dataclasses.asdict(self)
         d["oom_fractions"] = sorted(self.oom_fractions, reverse=True)
         d["history"] = [h.to_dict() for h in self.history]
-        d["fleet_pending"] = [{**o.to_dict(), "key": o.key} for o in self.fleet_pending]
-        d["fleet"] = None if self.fleet is None else self.fleet.to_dict()
+        # Fleet memory's keys only when it has something to say: a daemon without [fleet]
+        # writes the same state file as before it existed.
+        d.pop("fleet_pending", None)
+        d.pop("fleet", None)
+        if self.fleet_pending:
+            d["fleet_pending"] = [{**o.to_dict(), "key": o.key} for o in self.fleet_pending]
+        if self.fleet is not None:
+            d["fleet"] = self.fleet.to_dict()
         return d
 
     @classmethod

@@ -1859,6 +1859,12 @@ class Frontend:
             self.state = "serving"
 
     def on_sigterm(self) -> None:
+        if self.cfg.node_rank > 0:
+            # 0.5.23's engine.py: non-zero ranks cannot drain on their own; rank 0's shutdown
+            # stops them (here: its ranks going away), the orchestrator's kill is the backstop.
+            log(f"SIGTERM received on node_rank {self.cfg.node_rank}; waiting for the rank-0 ShutdownReq broadcast "
+                "to stop the schedulers.")
+            return
         if self.cfg.version != "0.5.6":  # loop.add_signal_handler calls it with no arguments
             log("SIGTERM received. signum=None frame=None. Draining requests and shutting down...")
             self.gracefully_exit = True
