@@ -164,6 +164,6 @@ def test_an_oom_while_etcd_is_away_reaches_the_record_when_it_returns(tmp_path, 
         (record,) = records(cfg)
         assert record["rung"] == 0.88 and [o["fraction"] for o in record["ooms"]] == [0.93]
         state = json.loads(cli("status", "--config", str(cfg), "--json").stdout)
-        assert state["learned"]["fleet_pending"] == []
+        assert state["learned"].get("fleet_pending", []) == []  # nothing left to share (and then not written)
     finally:
         etcd.stop()
