@@ -16,7 +16,8 @@ frequent for the info log). Adding an alert kind is one class here and one wordi
 in ``supervisor/sinks/alerts.py`` (``WORDING``); ``tests/test_events.py`` holds both to it.
 
 Log-only lines (not events): daemon_refused, reaper_started, reaper_unavailable, server_stopping,
-metrics_listening, metrics_unavailable, task_failed, sink_failed, state_corrupt, state_unreadable.
+metrics_listening, metrics_unavailable, task_failed, sink_failed, state_corrupt, state_unreadable,
+journal_write_failed, gpu_ring_write_failed.
 """
 
 from __future__ import annotations
