@@ -72,6 +72,8 @@ async def run_daemon_async(
                 headroom_min_gb=unit.gpu.headroom_min_gb, hostname=host, gpu_indices=unit.gpu.indices,
             )
             own.append(metrics)
+        if cfg.report.enabled:
+            own.extend(report_sinks(unit, logger))
         if cfg.mqtt.enabled:
             alerter = build_alerter(unit, host=host, instance=f"{instance}-{name}" if cfg.units else instance,
                                     logger=logger, metrics=metrics)
@@ -138,6 +140,20 @@ async def run_daemon_async(
             await alerter.aclose()
         if metrics_server is not None:
             await metrics_server.close()
+
+
+def report_sinks(unit: Config, logger: Any) -> list[Any]:
+    """A server's journal and GPU memory ring (``[report]``, docs/report.md), in its state dir."""
+    from supervisor.sinks.gpuring import GpuRingSink
+    from supervisor.sinks.journal import JournalSink
+
+    r = unit.report
+    return [
+        JournalSink(unit.state.dir, max_bytes=r.journal_max_bytes, backups=r.journal_backups,
+                    on_error=lambda error: logger.warning("journal_write_failed", error=error)),
+        GpuRingSink(unit.state.dir, sample_s=r.gpu_sample_s, keep_days=r.keep_days,
+                    on_error=lambda error: logger.warning("gpu_ring_write_failed", error=error)),
+    ]
 
 
 def read_sglang_version(command: Sequence[str], env: Mapping[str, str]) -> str:

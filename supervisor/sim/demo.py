@@ -105,6 +105,8 @@ def demo_config(args: argparse.Namespace, workdir: Path) -> Config:
         f"state.dir={workdir / 'state'}",
         f"gpu.sim_dir={workdir / 'gpus'}",
         f'gpu.headroom_action="{action}"',
+        "report.gpu_sample_s=1",  # the morning report of a two-minute night: one GPU record a second
+        "report.keep_days=1",
     ]
     cfg = load_config(args.config, [*base, *args.overrides])
     server = cfg.server
