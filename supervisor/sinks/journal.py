@@ -37,7 +37,7 @@ from supervisor.core.events import Event
 JOURNAL = "journal.jsonl"
 EVIDENCE_LINES = 8
 LINE_MAX_CHARS = 8192  # one runaway field must not fill the journal
-DROP_FIELDS = ("argv", "host")  # argv: secrets; host: the same on every line of a state dir
+DROP_FIELDS = ("argv",)  # secrets (--api-key ...), and the report does not need it
 
 
 def journal_paths(state_dir: str | os.PathLike[str], backups: int = 64) -> list[Path]:
