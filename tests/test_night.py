@@ -27,7 +27,8 @@ DEMO = [
     rec(0, "launch", mem_fraction_static=0.93, attempt=1, pid=1),
     changed(100, "STARTING", "READY"),
     rec(100, "startup_facts", max_total_num_tokens=258992, avail_mem_after_capture_gb=0.82),
-    changed(3600, "READY", "EXITED"),
+    changed(3590, "READY", "EXITED"),
+    rec(3590, "server_down", pid=7, title="sglang::scheduler_TP0", phase="serving"),
     rec(3600, "crash", cause="cuda_oom_runtime", phase="serving", remedy="fraction_down", mem_fraction_static=0.93,
         next_mem_fraction_static=0.88, next_retry_s=2.0),
     changed(3601, "EXITED", "BACKOFF"),
@@ -45,9 +46,10 @@ def test_the_demo_night_in_figures():
     n = summarize(DEMO, start=T0 - 3600, end=T0 + 7200, floor=0.8)
     assert n.start == T0  # the journal begins inside the window
     assert n.state == "READY"
-    assert n.serving_s == pytest.approx((3600 - 100) + (7200 - 3700))
-    assert n.serving_pct == pytest.approx(100 * 7000 / 7200)
-    assert n.lost_crash_s == pytest.approx(100) and n.lost_restart_s == 0
+    assert n.serving_s == pytest.approx((3590 - 100) + (7200 - 3700))
+    assert n.serving_pct == pytest.approx(100 * 6990 / 7200)
+    assert n.lost_crash_s == pytest.approx(110) and n.lost_restart_s == 0  # from the death, not the diagnosis
+    assert n.crash_markers[0].t == T0 + 3590
     assert n.crashes == (("cuda_oom_runtime", 1),)
     assert [m.label for m in n.crash_markers] == ["cuda_oom_runtime (serving)"]
     assert [m.label for m in n.restart_markers] == ["fraction_down: restart at 0.88"]
@@ -67,12 +69,12 @@ def test_the_state_before_the_window_carries_into_it():
 
 
 def test_an_open_give_up_and_a_crash_still_in_backoff_are_open_problems():
-    gave_up = [*DEMO[:8], rec(3602, "gave_up", reason="gpu_hw_error on GPU 5", cause="gpu_hw_error",
+    gave_up = [*DEMO[:9], rec(3602, "gave_up", reason="gpu_hw_error on GPU 5", cause="gpu_hw_error",
                                 mem_fraction_static=0.93, restarts=1), changed(3602, "BACKOFF", "GAVE_UP")]
     n = summarize(gave_up, start=T0, end=T0 + 7200, floor=0.8)
     assert [k for k, _ in n.open_problems] == ["gave_up"]
-    assert n.lost_crash_s == pytest.approx(7200 - 3600)  # still down at the end
-    in_backoff = DEMO[:8]
+    assert n.lost_crash_s == pytest.approx(7200 - 3590)  # still down at the end
+    in_backoff = DEMO[:9]
     assert [k for k, _ in summarize(in_backoff, start=T0, end=T0 + 3602, floor=0.8).open_problems] == ["crash"]
     warned = [*DEMO, rec(3800, "headroom_low", action="warn", avail_mem_gb=0.8, threshold_gb=2.0, rank="TP0")]
     assert [k for k, _ in summarize(warned, start=T0, end=T0 + 7200, floor=0.8).open_problems] == ["headroom_low"]
@@ -82,7 +84,7 @@ def test_stopped_on_purpose_is_not_counted_against_serving():
     stopped = [*DEMO, changed(5000, "READY", "STOPPING"), changed(5001, "STOPPING", "STOPPED")]
     n = summarize(stopped, start=T0, end=T0 + 7200, floor=0.8)
     assert n.supervised_s == pytest.approx(5000)
-    assert n.serving_pct == pytest.approx(100 * (3500 + 1300) / 5000)
+    assert n.serving_pct == pytest.approx(100 * (3490 + 1300) / 5000)
     assert n.shown_end < n.end
 
 

@@ -54,7 +54,8 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    from supervisor.cli.report import demo_report
     from supervisor.cli.run import run_daemon_async
     from supervisor.sim import demo
 
-    return demo.run(args, run_daemon_async)
+    return demo.run(args, run_daemon_async, demo_report)

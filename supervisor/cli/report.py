@@ -81,6 +81,19 @@ def write_report(cfg: Config, *, fmt: str, output: str | None, since_s: float, s
     return path.resolve()
 
 
+def demo_report(cfg: Config, path: Path) -> Path:
+    """The demo night's report: HTML with the ``[report]`` extra, else the text one (saying so)."""
+    from supervisor.report import chart
+
+    if chart.missing() is not None and path.suffix == ".html":
+        path = path.with_suffix(".txt")
+        print(chart.missing())
+    fmt = "html" if path.suffix == ".html" else "png" if path.suffix == ".png" else "text"
+    written = write_report(cfg, fmt=fmt, output=str(path), since_s=24 * 3600)
+    assert written is not None
+    return written
+
+
 def _chart_title(sn: object, several: bool) -> str:
     from supervisor.report import ServerNight, duration
 

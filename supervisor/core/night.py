@@ -7,8 +7,8 @@ ladder's floor. No clock, no file: the caller reads the journal and hands in ``e
 - ``bands``: the state the server was in, interval by interval (the last state before the
   window carries into it);
 - ``serving_pct``: time READY over the window, less the time stopped on purpose;
-- ``lost_crash_s`` / ``lost_restart_s``: from a crash (or a planned restart, a headroom
-  step-down) to the next READY;
+- ``lost_crash_s`` / ``lost_restart_s``: from a death (the ``server_down`` before its crash
+  record, else the crash) or a planned restart or headroom step-down to the next READY;
 - ``crashes`` by cause, the crash and restart markers, the fraction's steps;
 - per launch: its fraction, ``max_total_num_tokens`` and ``avail mem`` after CUDA-graph
   capture (the startup facts that followed it);
@@ -156,6 +156,7 @@ def summarize(records: Iterable[Record], *, start: float, end: float, floor: flo
     launches: list[Launch] = []
     causes: Counter[str] = Counter()
     last_crash: Record | None = None
+    down_since: float | None = None
 
     def close_band(t: float) -> None:
         nonlocal serving
@@ -169,16 +170,23 @@ def summarize(records: Iterable[Record], *, start: float, end: float, floor: flo
         if kind == "state_changed":
             close_band(t)
             state, band_start = str(r.get("to")), t
+            if state == SERVING:
+                down_since = None
             if state == SERVING and outage is not None:
                 lost[outage[0]] += t - outage[1]
                 outage = None
+        elif kind == "server_down":
+            down_since = t if down_since is None else down_since
         elif kind == "crash":
+            # When it died (the server_down before the diagnosis), not when the log was read.
+            died = down_since if down_since is not None else t
+            down_since = None
             cause = str(r.get("cause"))
             causes[cause] += 1
             last_crash = r
-            crash_markers.append(Marker(t, f"{cause} ({r.get('phase')})", _num(r.get("mem_fraction_static"))))
+            crash_markers.append(Marker(died, f"{cause} ({r.get('phase')})", _num(r.get("mem_fraction_static"))))
             if outage is None:
-                outage = ("crash", t)
+                outage = ("crash", died)
         elif kind in ("restart_requested",) or (kind == "headroom_low" and r.get("action") == "step_down"):
             if outage is None:
                 outage = ("restart", t)
