@@ -85,7 +85,7 @@ def test_the_daemon_side_loads_no_simulator_torch_or_sglang() -> None:
         "supervisor.cli", "supervisor.cli.run", "supervisor.cli.status", "supervisor.cli.restart",
         "supervisor.cli.preflight", "supervisor.cli.drill", "supervisor.cli.explain", "supervisor.cli.registry",
         "supervisor.cli.fleet", "supervisor.cli.report", "supervisor.daemon", "supervisor.unit", "supervisor.preflight", "supervisor.release",
-        "supervisor.routing", "supervisor.fleet_sync",
+        "supervisor.routing", "supervisor.fleet_sync", "supervisor.daily",
         *(f"supervisor.adapters.{p.stem}" for p in (REPO / "supervisor" / "adapters").glob("*.py")),
         *(f"supervisor.sinks.{p.stem}" for p in (REPO / "supervisor" / "sinks").glob("*.py")),
     ]

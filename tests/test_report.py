@@ -83,7 +83,7 @@ def test_the_demo_nights_report_in_a_real_browser(tmp_path, no_leftovers):
     names the crash, cuda_oom_runtime and 0.93 -> 0.88; the chart region has many colours."""
     browser = chromium()
     demo = subprocess.run(
-        [sys.executable, "-m", "supervisor.cli", "demo", "--hold", "6", "--set", f"server.port={free_port()}",
+        [sys.executable, "-m", "supervisor.cli", "demo", "--hold", "10", "--set", f"server.port={free_port()}",
          "--set", "metrics.enabled=false", "--set", f'server.env={{SGLANG_SUPERVISOR_TEST_ID="{no_leftovers}"}}'],
         capture_output=True, text=True, cwd=REPO, timeout=300, env={**os.environ, "TMPDIR": str(tmp_path)},
     )

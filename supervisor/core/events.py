@@ -417,6 +417,25 @@ class HeadroomLow(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DailySummary(Event):
+    """``[report] daily_at``: the last ``period_h`` hours in figures, once a day (docs/report.md)."""
+
+    kind = "daily_summary"
+    alert = "daily_summary"
+    severity = "info"
+    period_h: float
+    state: str
+    serving_pct: float
+    crashes: int
+    causes: tuple[str, ...]  # "cuda_oom_runtime x 1", most first
+    lost_s: float  # to crashes and restarts
+    mem_fraction_static: float | None  # at the start of the period
+    next_mem_fraction_static: float | None  # now
+    open_problems: tuple[str, ...]  # their MQTT alert kinds
+    least_free_gb: float | None = None  # the least free GPU memory of any rank in the period
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PreflightRetry(Event):
     """A retryable preflight/GPU failure, on backoff."""
 
