@@ -209,3 +209,30 @@ def test_report_refuses_a_bad_since(tmp_path):
     config.write_text(f'[server]\nmodel_path = "m"\n[state]\ndir = "{tmp_path}"\n')
     r = run_cli("report", "--config", str(config), "--since", "soon")
     assert r.returncode == 2 and "--since" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_section_per_server(tmp_path):
+    """Several [[server]] entries: each server's night from STATE_DIR/NAME, a section each."""
+    _journal_night(tmp_path / "state" / "tp4-a")
+    config = tmp_path / "two.toml"
+    config.write_text(
+        f'[state]\ndir = "{tmp_path / "state"}"\n'
+        '[[server]]\nname = "tp4-a"\nmodel_path = "m"\nport = 30001\n'
+        '[[server]]\nname = "tp4-b"\nmodel_path = "m"\nport = 30002\n'
+    )
+    code = ("import sys; from supervisor.cli.report import write_report; from supervisor.core.config import load_config; "
+            "print(write_report(load_config(sys.argv[1]), fmt=sys.argv[2], output=sys.argv[3], since_s=12*3600, "
+            "now=1_764_460_800 + 6000))")
+    text = subprocess.run([sys.executable, "-c", code, str(config), "text", "-"], capture_output=True, text=True,
+                          cwd=REPO, timeout=60)
+    assert text.returncode == 0, text.stderr
+    a, b = text.stdout.split("== server tp4-b ==")
+    assert "== server tp4-a ==" in a and "cuda_oom_runtime × 1" in a
+    assert "cuda_oom_runtime" not in b and "crashes by cause" in b
+    page = tmp_path / "two.html"
+    r = subprocess.run([sys.executable, "-c", code, str(config), "html", str(page)], capture_output=True, text=True,
+                       cwd=REPO, timeout=120)
+    assert r.returncode == 0, r.stderr
+    source = page.read_text()
+    assert '<section id="server-tp4-a">' in source and '<section id="server-tp4-b">' in source
+    assert source.count("data:image/png;base64,") == 2
