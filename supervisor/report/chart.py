@@ -75,8 +75,12 @@ def draw(fig: Any, sn: ServerNight, tz: tzinfo, *, title: str) -> None:
     ax_state.set_yticks([])
     ax_state.set_ylim(0, 1)
     ax_state.set_ylabel("state", rotation=0, ha="right", va="center")
-    ax_state.legend(handles=[Patch(color=c, label=s) for s, c in used.items()], loc="lower left",
-                    bbox_to_anchor=(0, 1.02), ncol=min(len(used), 8), fontsize=8, frameon=False)
+    span = max(x1 - x0, 1e-9)
+
+    def side(x: float, dy: int) -> dict[str, Any]:
+        """A label right of its marker, or left of it in the last third (clear of the edge)."""
+        right = (x - x0) / span < 0.66
+        return {"xytext": (6 if right else -6, dy), "textcoords": "offset points", "ha": "left" if right else "right"}
 
     # the fraction, crashes, restarts
     if n.fraction_steps:
@@ -85,28 +89,31 @@ def draw(fig: Any, sn: ServerNight, tz: tzinfo, *, title: str) -> None:
         ax_frac.step(xs, ys, where="post", color=FRACTION, lw=2.2, label="mem_fraction_static")
         for (t, f), (_, prev) in zip(n.fraction_steps[1:], n.fraction_steps[:-1], strict=False):
             if f != prev:
-                ax_frac.annotate(f"{prev:g} → {f:g}", (_x(t, tz), f), xytext=(6, -14), textcoords="offset points",
-                                 fontsize=9, color=FRACTION)
+                ax_frac.annotate(f"{prev:g} → {f:g}", (_x(t, tz), f), **side(_x(t, tz), -14), fontsize=9,
+                                 color=FRACTION)
     values = [f for _, f in n.fraction_steps] + ([n.floor] if n.floor is not None else [])
     if n.floor is not None:
         ax_frac.axhline(n.floor, color="#636363", ls="--", lw=1, label=f"ladder floor {n.floor:g}")
     for m in n.crash_markers:
         y = m.fraction if m.fraction is not None else (max(values) if values else 0.9)
         ax_frac.scatter([_x(m.t, tz)], [y], marker="X", s=140, color=CRASH, zorder=5, edgecolors="white")
-        ax_frac.annotate(f"crash: {m.label}", (_x(m.t, tz), y), xytext=(6, 10), textcoords="offset points",
-                         fontsize=9, color=CRASH, fontweight="bold")
+        ax_frac.annotate(f"crash: {m.label}", (_x(m.t, tz), y), **side(_x(m.t, tz), 10), fontsize=9, color=CRASH,
+                         fontweight="bold")
     for m in n.restart_markers:
         y = m.fraction if m.fraction is not None else (min(values) if values else 0.9)
         ax_frac.scatter([_x(m.t, tz)], [y], marker="^", s=110, color=RESTART, zorder=5, edgecolors="white")
-        ax_frac.annotate(m.label, (_x(m.t, tz), y), xytext=(6, -26), textcoords="offset points",
-                         fontsize=9, color=RESTART)
+        ax_frac.annotate(m.label, (_x(m.t, tz), y), **side(_x(m.t, tz), -26), fontsize=9, color=RESTART)
     if values:
         lo, hi = min(values), max(values)
         pad = max((hi - lo) * 0.35, 0.02)
         ax_frac.set_ylim(lo - pad, hi + pad)
     ax_frac.set_ylabel("mem_fraction_static")
     ax_frac.grid(axis="y", alpha=0.3)
-    ax_frac.legend(loc="upper right", fontsize=8)
+    # one legend row above the state band: the states, then the lines (clear of the labels)
+    lines, names = ax_frac.get_legend_handles_labels()
+    handles = [Patch(color=c, label=s) for s, c in used.items()] + lines
+    ax_state.legend(handles=handles, labels=[*used, *names], loc="lower left", bbox_to_anchor=(0, 1.02),
+                    ncol=len(handles), fontsize=8, frameon=False)
 
     # free GPU memory per rank
     ring = sn.ring
