@@ -84,7 +84,8 @@ def test_the_demo_nights_report_in_a_real_browser(tmp_path, no_leftovers):
     browser = chromium()
     demo = subprocess.run(
         [sys.executable, "-m", "supervisor.cli", "demo", "--hold", "10", "--set", f"server.port={free_port()}",
-         "--set", "metrics.enabled=false", "--set", f'server.env={{SGLANG_SUPERVISOR_TEST_ID="{no_leftovers}"}}'],
+         "--set", "metrics.enabled=false", "--set", f'server.env={{SGLANG_SUPERVISOR_TEST_ID="{no_leftovers}", '
+         'SGLANG_PYSPY_DUMP_BEFORE_CRASH="0", SGLANG_CUDA_COREDUMP_BEFORE_CRASH="0"}'],  # as etc/demo.toml has
         capture_output=True, text=True, cwd=REPO, timeout=300, env={**os.environ, "TMPDIR": str(tmp_path)},
     )
     assert demo.returncode == 0, demo.stdout + demo.stderr

@@ -61,7 +61,7 @@ def draw(fig: Any, sn: ServerNight, tz: tzinfo, *, title: str) -> None:
     ax_state = fig.add_subplot(grid[0])
     ax_frac = fig.add_subplot(grid[1], sharex=ax_state)
     ax_gpu = fig.add_subplot(grid[2], sharex=ax_state)
-    fig.suptitle(title, fontsize=12, fontweight="bold", x=0.01, ha="left")
+    fig.suptitle(title, fontsize=12, fontweight="bold", x=0.01, y=1.02, ha="left")
     x0, x1 = _x(n.start, tz), _x(n.shown_end, tz)
 
     # the states
@@ -113,7 +113,7 @@ def draw(fig: Any, sn: ServerNight, tz: tzinfo, *, title: str) -> None:
     lines, names = ax_frac.get_legend_handles_labels()
     handles = [Patch(color=c, label=s) for s, c in used.items()] + lines
     ax_state.legend(handles=handles, labels=[*used, *names], loc="lower left", bbox_to_anchor=(0, 1.02),
-                    ncol=len(handles), fontsize=8, frameon=False)
+                    ncol=min(len(handles), 6), fontsize=8, frameon=False)
 
     # free GPU memory per rank
     ring = sn.ring
