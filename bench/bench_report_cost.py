@@ -8,13 +8,14 @@ demo's), not the default one a minute. A micro-measurement adds what one sink ca
 times how often it comes, because a 0.05 %-of-a-core budget is below what two 30 s windows
 on a shared machine can tell apart.
 
-    python -m bench.bench_report_cost [--window 30] [--repeats 3]
+    python -m bench.bench_report_cost [--window 30] [--repeats 3] [--before-tree DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -25,10 +26,22 @@ from .bench_steady import _sections, _window
 from .common import Daemon, Settings, event_is, reap_tagged
 
 
-def _run(settings: Settings, work: Path, on: bool, seconds: float) -> tuple[float, float]:
+def _run(settings: Settings, work: Path, on: bool, seconds: float, tree: str | None = None) -> tuple[float, float]:
+    """One daemon: this tree with [report] on or off, or (``tree``) another checkout's package
+    (the commit before the report, which has no [report] section)."""
     sections = _sections(settings, work, 8)
-    sections["report"] = {"enabled": on, "gpu_sample_s": 1.0, "keep_days": 7.0}
-    daemon = Daemon(settings, work, sections)
+    if tree is None:
+        sections["report"] = {"enabled": on, "gpu_sample_s": 1.0, "keep_days": 7.0}
+    old_path = os.environ.get("PYTHONPATH")
+    if tree is not None:
+        os.environ["PYTHONPATH"] = tree
+    try:
+        daemon = Daemon(settings, work, sections)
+    finally:
+        if old_path is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old_path
     try:
         daemon.wait_for(event_is("state_changed", to="READY"), 120, "the server ready")
         cpu, rss, _rate = _window(daemon.pid, seconds, daemon.server_log)
@@ -75,16 +88,21 @@ def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.bench_report_cost")
     p.add_argument("--window", type=float, default=30.0)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--before-tree", default=None, metavar="DIR",
+                   help="compare with the package in DIR (e.g. `git archive COMMIT supervisor | tar -x -C DIR`) "
+                        "instead of this tree with [report] enabled = false")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-report-") as tmp:
         settings = Settings(quick=False, repeats=args.repeats, work=Path(tmp), tag=f"bench-{uuid.uuid4().hex[:8]}")
         got: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}
         for r in range(args.repeats):
             for who in (("off", "on") if r % 2 == 0 else ("on", "off")):
-                got[who].append(_run(settings, settings.dir(f"{who}-{r}"), who == "on", args.window))
+                tree = args.before_tree if who == "off" else None
+                got[who].append(_run(settings, settings.dir(f"{who}-{r}"), who == "on", args.window, tree))
         costs = micro(Path(tmp))
     out = {
         "window_s": args.window, "repeats": args.repeats,
+        "off": f"the package in {args.before_tree}" if args.before_tree else "this tree, [report] enabled = false",
         "cpu_percent": {k: [round(c, 3) for c, _ in v] for k, v in got.items()},
         "peak_rss_mb": {k: [round(m, 2) for _, m in v] for k, v in got.items()},
         "median_cpu_percent": {k: round(statistics.median(c for c, _ in v), 3) for k, v in got.items()},
