@@ -7,17 +7,18 @@ TEST_STAMP = $(VENV)/.installed-test
 
 .PHONY: demo test chaos bench venv system-deps clean real-sglang e2e
 
-# The demo needs the package and its [sim] extra (the simulator); the tests also need [test].
+# The demo needs the package, its [sim] extra (the simulator) and [report] (matplotlib, for the
+# night's report it writes at the end); the tests also need [test].
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[sim]'
+	$(PY) -m pip install -q -e '.[sim,report]'
 	touch $(STAMP)
 
 $(TEST_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,sim]'
+	$(PY) -m pip install -q -e '.[test,sim,report]'
 	touch $(TEST_STAMP)
 
 venv: $(TEST_STAMP)
@@ -25,8 +26,9 @@ venv: $(TEST_STAMP)
 system-deps:
 	scripts/install-system-deps
 
+# The night, then 10 s of serving at 0.88 for the report's timeline; it ends with the report's path.
 demo: $(STAMP)
-	$(VENV)/bin/sglang-supervisor demo
+	$(VENV)/bin/sglang-supervisor demo --hold 10
 
 # The whole suite, tier by tier with each tier's time: core + integration, chaos (CI size),
 # then the real SGLang tier (its setup is cached; the first run installs SGLang).

@@ -98,7 +98,7 @@ def test_every_alert_has_a_severity_and_one_wording() -> None:
         "crash": "crash", "restart_scheduled": "restart", "recovered": "recovered", "gave_up": "gave_up",
         "headroom_low": "headroom_low", "gpu_memory_stuck": "gpu_memory_stuck", "server_down": "down",
         "port_in_use": "port_in_use", "daemon_failed": "daemon_failed",
-        "group_etcd_unreachable": "etcd_unreachable",
+        "group_etcd_unreachable": "etcd_unreachable", "daily_summary": "daily_summary",
     }
     for kind, alert in kinds.items():
         assert ev.EVENTS[kind].severity in ("info", "warning", "critical"), kind

@@ -50,6 +50,8 @@ VIOLATIONS = [
     ("sim/demo.py", "import supervisor.daemon", "the simulator never imports the daemon"),
     ("core/policy.py", "import asyncio", "the core does no I/O"),
     ("core/diagnosis.py", "import psutil", "the core does no I/O"),
+    ("sinks/journal.py", "import matplotlib", "the daemon never imports the report or matplotlib"),
+    ("cli/run.py", "import supervisor.report.chart", "the daemon never imports the report or matplotlib"),
 ]
 
 
@@ -76,22 +78,23 @@ def test_a_planted_import_breaks_its_contract(tmp_path: Path, module: str, line:
 def test_the_daemon_side_loads_no_simulator_torch_or_sglang() -> None:
     """Every module the daemon process can load (the CLI, the composition root, the daemon,
     the services, every adapter and sink) pulls in neither the simulator and its
-    ``setproctitle`` (the ``[sim]`` extra) nor torch or sglang; nor etcd's client (``aetcd``,
+    ``setproctitle`` (the ``[sim]`` extra) nor torch or sglang, nor matplotlib (the ``[report]``
+    extra); nor etcd's client (``aetcd``,
     ``grpc``): that is imported only when ``[fleet]`` (or ``[group]``) is on, by
     ``adapters.etcd``'s first connect (tests/test_fleet_e2e.py checks a running daemon)."""
     modules = [
         "supervisor.cli", "supervisor.cli.run", "supervisor.cli.status", "supervisor.cli.restart",
         "supervisor.cli.preflight", "supervisor.cli.drill", "supervisor.cli.explain", "supervisor.cli.registry",
-        "supervisor.cli.fleet", "supervisor.daemon", "supervisor.unit", "supervisor.preflight", "supervisor.release",
-        "supervisor.routing", "supervisor.fleet_sync",
+        "supervisor.cli.fleet", "supervisor.cli.report", "supervisor.daemon", "supervisor.unit", "supervisor.preflight", "supervisor.release",
+        "supervisor.routing", "supervisor.fleet_sync", "supervisor.daily",
         *(f"supervisor.adapters.{p.stem}" for p in (REPO / "supervisor" / "adapters").glob("*.py")),
         *(f"supervisor.sinks.{p.stem}" for p in (REPO / "supervisor" / "sinks").glob("*.py")),
     ]
     code = (
         "import importlib, sys\n"
         f"for m in {modules!r}: importlib.import_module(m)\n"
-        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sglang', 'setproctitle', 'aetcd', 'grpc')"
-        " or m.startswith('supervisor.sim'))))\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sglang', 'setproctitle', 'aetcd', 'grpc', 'matplotlib')"
+        " or m.startswith(('supervisor.sim', 'supervisor.report')))))\n"
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

@@ -8,6 +8,7 @@
     sglang-supervisor preflight --config F [--json]                    (cli/preflight.py)
     sglang-supervisor drill --config F                                 (cli/drill.py)
     sglang-supervisor fleet list|reset --config F [...]                (cli/fleet.py)
+    sglang-supervisor report --config F [--since 12h] [-o F] [--format html|png|text]  (cli/report.py)
     sglang-supervisor demo [--scenario oom|preempt] [--hold S] [...]   (cli/demo.py)
 
 Bad input gets one line on stderr (what, where, why) and exit code 2, never a traceback.
@@ -77,7 +78,7 @@ def _command(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from supervisor.cli import demo, drill, explain, fleet, preflight
+    from supervisor.cli import demo, drill, explain, fleet, preflight, report
 
     parser = _Parser(prog="sglang-supervisor", description=DESCRIPTION, epilog=EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -152,6 +153,17 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_arguments(fleet_sub, _command, _add_config, CONFIG)
 
     p = _command(
+        sub, "report", "the morning report: one page of the night from the state directory",
+        f"sglang-supervisor report --config {CONFIG} --since 12h -o night.html",
+        "Write the night's report from the state directory (the daemon's journal and GPU memory "
+        "ring): a timeline of the states, mem_fraction_static, the crashes and restarts and the free "
+        "GPU memory of each rank; a summary table; and what to do now, in the alerts' words. HTML "
+        "(one self-contained file), PNG (for a chat or an alert) or text (for a terminal).",
+    )
+    _add_config(p)
+    report.add_arguments(p)
+
+    p = _command(
         sub, "demo", "the seed's night against the simulator (no GPU needed)",
         "sglang-supervisor demo --scenario preempt --hold 60",
         "Replay a night against a simulated SGLang on simulated GPUs: the server dies of a CUDA OOM "
@@ -223,6 +235,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from supervisor.cli import drill
 
         return drill.run(args, cfg)
+    if cmd == "report":
+        from supervisor.cli import report
+
+        return report.run(args, cfg)
     if cmd == "fleet":
         from supervisor.cli import fleet
 

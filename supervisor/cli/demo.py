@@ -17,4 +17,6 @@ def run(args: argparse.Namespace) -> int:
     missing = registry.sim_missing()
     if missing is not None:
         return fail(missing, 1)
-    return registry.run_demo(args)
+    from supervisor.cli.report import demo_report  # the night's report at the end (the daemon never loads it)
+
+    return registry.run_demo(args, demo_report)

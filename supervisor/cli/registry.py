@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from supervisor.adapters import gpu
 from supervisor.adapters.ports import GpuProbe
@@ -53,8 +54,8 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     demo.add_arguments(p)
 
 
-def run_demo(args: argparse.Namespace) -> int:
+def run_demo(args: argparse.Namespace, write_report: Callable[..., Any] | None = None) -> int:
     from supervisor.cli.run import run_daemon_async
     from supervisor.sim import demo
 
-    return demo.run(args, run_daemon_async)
+    return demo.run(args, run_daemon_async, write_report)

@@ -6,6 +6,7 @@ The only place that knows the concrete adapters and sinks: it builds them, puts 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 from collections.abc import Callable, Mapping, Sequence
@@ -72,6 +73,8 @@ async def run_daemon_async(
                 headroom_min_gb=unit.gpu.headroom_min_gb, hostname=host, gpu_indices=unit.gpu.indices,
             )
             own.append(metrics)
+        if cfg.report.enabled:
+            own.extend(report_sinks(unit, logger))
         if cfg.mqtt.enabled:
             alerter = build_alerter(unit, host=host, instance=f"{instance}-{name}" if cfg.units else instance,
                                     logger=logger, metrics=metrics)
@@ -125,9 +128,12 @@ async def run_daemon_async(
     daemon = Daemon(cfg, ports)
     if on_daemon is not None:
         on_daemon(daemon)
+    summaries = start_daily_summaries(cfg, daemon, logger)
     try:
         return await daemon.run()
     finally:
+        if summaries is not None:
+            summaries.cancel()
         if ports.router is not None:
             await ports.router.aclose()
         if group_etcd is not None:
@@ -138,6 +144,48 @@ async def run_daemon_async(
             await alerter.aclose()
         if metrics_server is not None:
             await metrics_server.close()
+
+
+def start_daily_summaries(cfg: Config, daemon: Any, logger: Any) -> asyncio.Task[None] | None:
+    """``[report] daily_at``: the task that emits each server's daily summary through that
+    server's sinks (its alerter publishes it); None when it is not configured."""
+    if not cfg.report.daily_at:
+        return None
+    import time
+
+    from supervisor import daily
+
+    try:
+        tz = daily.zone(cfg.report.timezone)
+    except (ValueError, OSError) as exc:  # ZoneInfoNotFoundError is a KeyError; see below
+        raise ConfigError(f"[report] timezone {cfg.report.timezone!r}: {exc}") from None
+    except KeyError:
+        raise ConfigError(f"[report] timezone {cfg.report.timezone!r}: no such zone") from None
+
+    def emit(name: str, event: Any) -> None:
+        daemon.unit(name).emit(event)
+
+    def done(task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("task_failed", task="daily-summary", error=repr(task.exception())[:300])
+
+    task = asyncio.create_task(daily.run(cfg, emit, clock=time.time, tz=tz), name="daily-summary")
+    task.add_done_callback(done)
+    return task
+
+
+def report_sinks(unit: Config, logger: Any) -> list[Any]:
+    """A server's journal and GPU memory ring (``[report]``, docs/report.md), in its state dir."""
+    from supervisor.sinks.gpuring import GpuRingSink
+    from supervisor.sinks.journal import JournalSink
+
+    r = unit.report
+    return [
+        JournalSink(unit.state.dir, max_bytes=r.journal_max_bytes, backups=r.journal_backups,
+                    on_error=lambda error: logger.warning("journal_write_failed", error=error)),
+        GpuRingSink(unit.state.dir, sample_s=r.gpu_sample_s, keep_days=r.keep_days,
+                    on_error=lambda error: logger.warning("gpu_ring_write_failed", error=error)),
+    ]
 
 
 def read_sglang_version(command: Sequence[str], env: Mapping[str, str]) -> str:

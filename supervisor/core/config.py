@@ -326,6 +326,30 @@ class FleetConfig:
     prefix: str = field(default=FLEET_PREFIX, metadata=_rule('an etcd key prefix starting with "/"', _etcd_prefix))
 
 
+def _time_of_day(v: str) -> bool:
+    if v == "":
+        return True
+    hh, sep, mm = v.partition(":")
+    return bool(sep) and hh.isdigit() and mm.isdigit() and len(mm) == 2 and int(hh) < 24 and int(mm) < 60
+
+
+@dataclass(frozen=True, slots=True)
+class ReportConfig:
+    """The morning report's data (docs/report.md): the daemon's journal of notable events and
+    a ring of GPU memory samples in each server's state directory, and the daily summary."""
+
+    enabled: bool = field(default=True, metadata=_rule("true or false"))
+    # One GPU memory record (the least free memory of each rank since the last one) per
+    # gpu_sample_s, kept keep_days: 10,080 records of 8 ranks, 403 KB, by default.
+    gpu_sample_s: float = field(default=60.0, metadata=_rule("seconds >= 1", lambda v: v >= 1))
+    keep_days: float = field(default=7.0, metadata=_rule("days > 0 (at most 366)", lambda v: 0 < v <= 366))
+    journal_max_bytes: int = field(default=4 * 1024 * 1024, metadata=_rule("bytes >= 65536", lambda v: v >= 65536))
+    journal_backups: int = field(default=3, metadata=_rule("an integer >= 0", lambda v: v >= 0))
+    # A daily summary alert over MQTT at this local time ("08:30"); "" = none.
+    daily_at: str = field(default="", metadata=_rule('"HH:MM" (24 h, local time) or ""', _time_of_day))
+    timezone: str = field(default="", metadata=_rule('an IANA zone ("Europe/Paris"); "" = the host\'s'))
+
+
 @dataclass(frozen=True, slots=True)
 class StateConfig:
     dir: str = field(default="/var/lib/sglang-supervisor", metadata=_rule("a directory path", bool))
@@ -345,6 +369,7 @@ class Config:
     etcd: EtcdConfig = field(default_factory=EtcdConfig)
     group: GroupConfig = field(default_factory=GroupConfig)
     fleet: FleetConfig = field(default_factory=FleetConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
     # Not a TOML key: the stem of the file it came from ("kimi" for kimi.toml).
     name: str = "supervisor"
     # Not a TOML key: with several ``[[server]]`` entries, one whole config per server (its

@@ -16,7 +16,8 @@ frequent for the info log). Adding an alert kind is one class here and one wordi
 in ``supervisor/sinks/alerts.py`` (``WORDING``); ``tests/test_events.py`` holds both to it.
 
 Log-only lines (not events): daemon_refused, reaper_started, reaper_unavailable, server_stopping,
-metrics_listening, metrics_unavailable, task_failed, sink_failed, state_corrupt, state_unreadable.
+metrics_listening, metrics_unavailable, task_failed, sink_failed, state_corrupt, state_unreadable,
+journal_write_failed, gpu_ring_write_failed.
 """
 
 from __future__ import annotations
@@ -413,6 +414,25 @@ class HeadroomLow(Event):
     action: str  # step_down | warn
     mem_fraction_static: float | None
     next_mem_fraction_static: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DailySummary(Event):
+    """``[report] daily_at``: the last ``period_h`` hours in figures, once a day (docs/report.md)."""
+
+    kind = "daily_summary"
+    alert = "daily_summary"
+    severity = "info"
+    period_h: float
+    state: str
+    serving_pct: float
+    crashes: int
+    causes: tuple[str, ...]  # "cuda_oom_runtime x 1", most first
+    lost_s: float  # to crashes and restarts
+    mem_fraction_static: float | None  # at the start of the period
+    next_mem_fraction_static: float | None  # now
+    open_problems: tuple[str, ...]  # their MQTT alert kinds
+    least_free_gb: float | None = None  # the least free GPU memory of any rank in the period
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -43,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-json", action="store_true", help="JSON log lines to stderr instead of a file")
     p.add_argument("--deadline", type=float, default=240.0, metavar="SECONDS",
                    help="give the scenario up after this long (exit 1)")
+    p.add_argument("--report", default="", metavar="PATH",
+                   help="where to write the night's report (default: report.html in the demo's directory; "
+                        "'none': no report)")
 
 
 class Timeline:
@@ -105,6 +108,8 @@ def demo_config(args: argparse.Namespace, workdir: Path) -> Config:
         f"state.dir={workdir / 'state'}",
         f"gpu.sim_dir={workdir / 'gpus'}",
         f'gpu.headroom_action="{action}"',
+        "report.gpu_sample_s=1",  # the morning report of a two-minute night: one GPU record a second
+        "report.keep_days=1",
     ]
     cfg = load_config(args.config, [*base, *args.overrides])
     server = cfg.server
@@ -123,11 +128,22 @@ DaemonRunner = Callable[..., Awaitable[int]]
 """The CLI's ``run_daemon_async``: the demo runs the real daemon, built by the CLI's
 composition root (this package never imports the CLI)."""
 
+ReportWriter = Callable[[Config, Path], Path]
+"""The CLI's report writer: (config, where) -> the path of the night's report it wrote."""
 
-def run(args: argparse.Namespace, run_daemon: DaemonRunner) -> int:
+
+def run(args: argparse.Namespace, run_daemon: DaemonRunner, write_report: ReportWriter | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="sglang-supervisor-demo-"))
     cfg = demo_config(args, workdir)
-    return asyncio.run(_run(args, cfg, workdir, run_daemon))
+    code = asyncio.run(_run(args, cfg, workdir, run_daemon))
+    if write_report is not None and args.report != "none":
+        try:
+            path = write_report(cfg, Path(args.report) if args.report else workdir / "report.html")
+        except Exception as exc:  # noqa: BLE001 - the night went as it went; the report is a bonus
+            print(f"the night's report could not be written: {exc}", file=sys.stdout)
+        else:
+            print(f"the night's report: {path}", file=sys.stdout)
+    return code
 
 
 async def _run(args: argparse.Namespace, cfg: Config, workdir: Path, run_daemon_async: DaemonRunner) -> int:

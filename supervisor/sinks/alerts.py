@@ -13,7 +13,7 @@ Topics (``{prefix}/{host}/{instance}/...``):
 - ``status``: retained ``online`` / ``offline`` (the Will, and a clean stop);
 - ``state``: retained JSON snapshot, sent on every ``state_changed`` (only the latest);
 - ``event/{kind}``: JSON per alert (``crash``, ``restart``, ``recovered``, ``gave_up``,
-  ``headroom_low``, ``gpu_memory_stuck``, ``drill``).
+  ``headroom_low``, ``gpu_memory_stuck``, ``daily_summary``, ``drill``).
 
 The payload builders are pure functions (time and ids are passed in); the reconnect waits
 are ``policy.exponential_backoff``, the restart policy's backoff.
@@ -261,6 +261,22 @@ def _etcd_unreachable(f: Callable[..., Any], who: str, host: str, context: Conte
             "generation starts and nothing is relaunched until etcd answers - check the etcd cluster")
 
 
+def _daily_summary(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
+    crashes = f("crashes") or 0
+    causes = f" ({', '.join(f('causes') or [])})" if crashes else ""
+    before, after = f("mem_fraction_static"), f("next_mem_fraction_static")
+    fraction = (f"mem_fraction_static {_fraction(after)}" if before == after
+                else f"mem_fraction_static {_fraction(before)} -> {_fraction(after)}")
+    lost = float(f("lost_s") or 0.0)
+    sentence = (f"{who}, the last {f('period_h'):g} h: serving {float(f('serving_pct') or 0):.1f} % of the time; "
+                f"{crashes} crash{'es' if crashes != 1 else ''}{causes}, "
+                f"{lost / 60:.1f} min lost; {fraction}; now {f('state')}")
+    if f("least_free_gb") is not None:
+        sentence += f"; least free GPU memory {_gb(f('least_free_gb'))}"
+    problems = f("open_problems") or []
+    return sentence + (f"; open: {', '.join(problems)} - see the report" if problems else "; nothing to do")
+
+
 def _drill(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
     return f"Drill from {who}: the alert path works; no action needed"
 
@@ -277,6 +293,7 @@ WORDING: dict[str, Wording] = {
     "port_in_use": _port_in_use,
     "daemon_failed": _daemon_failed,
     "etcd_unreachable": _etcd_unreachable,
+    "daily_summary": _daily_summary,
     DRILL: _drill,
 }
 
@@ -300,6 +317,8 @@ def _before_after(kind: str, fields: Mapping[str, Any], context: Context) -> tup
         return f("mem_fraction_static", context.fraction), None
     if kind == "gpu_memory_stuck":
         return context.fraction, None
+    if kind == "daily_summary":
+        return f("mem_fraction_static"), f("next_mem_fraction_static")
     return None, None
 
 

@@ -1,0 +1,296 @@
+"""The night in figures: what the morning report and the daily summary say, from the journal.
+
+Pure: a function of the journal's records (the edge form of the daemon's events, each with
+its wall time ``t``; ``supervisor/sinks/journal.py``), the window ``[start, end]`` and the
+ladder's floor. No clock, no file: the caller reads the journal and hands in ``end``.
+
+- ``bands``: the state the server was in, interval by interval (the last state before the
+  window carries into it);
+- ``serving_pct``: time READY over the window, less the time stopped on purpose;
+- ``lost_crash_s`` / ``lost_restart_s``: from a death (the ``server_down`` before its crash
+  record, else the crash) or a planned restart or headroom step-down to the next READY;
+- ``crashes`` by cause, the crash and restart markers, the fraction's steps;
+- per launch: its fraction, ``max_total_num_tokens`` and ``avail mem`` after CUDA-graph
+  capture (the startup facts that followed it);
+- ``open_problems``: the alert-worthy records still unresolved at ``end``, each as
+  (MQTT alert kind, the record), for the alerts' own wording.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, time, timedelta, tzinfo
+from typing import Any
+
+Record = Mapping[str, Any]
+
+SERVING = "READY"
+IDLE = frozenset({"STOPPED", "STOPPING"})  # stopped on purpose: not counted against serving time
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNITS = {"": 3600.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """``12h``, ``90m``, ``2d``, ``3600s`` (a bare number is hours) -> seconds; ValueError else."""
+    m = _DURATION.match(text)
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"{text!r}: not a duration (e.g. 12h, 90m, 2d)")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+@dataclass(frozen=True, slots=True)
+class Band:
+    state: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True, slots=True)
+class Marker:
+    t: float
+    label: str
+    fraction: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    t: float
+    attempt: int | None
+    fraction: float | None
+    max_total_num_tokens: int | None = None
+    avail_mem_after_capture_gb: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Night:
+    start: float
+    end: float
+    bands: tuple[Band, ...]
+    state: str  # at the end
+    serving_s: float
+    lost_crash_s: float
+    lost_restart_s: float
+    crashes: tuple[tuple[str, int], ...]  # (cause, count), most first
+    crash_markers: tuple[Marker, ...]
+    restart_markers: tuple[Marker, ...]
+    fraction_steps: tuple[tuple[float, float], ...]  # (t, fraction) at each launch
+    fraction_start: float | None
+    fraction_end: float | None
+    floor: float | None
+    launches: tuple[Launch, ...]
+    open_problems: tuple[tuple[str, Record], ...] = field(default=())
+
+    @property
+    def span_s(self) -> float:
+        return max(self.end - self.start, 0.0)
+
+    @property
+    def shown_end(self) -> float:
+        """Where a timeline ends: ``end``, or soon after the stop when the server was stopped
+        on purpose (a demo, a daemon shut down for the day) rather than a long grey band."""
+        if self.state in IDLE and self.bands and self.bands[-1].state in IDLE:
+            last = self.bands[-1].start
+            return min(self.end, last + max(0.04 * (last - self.start), 1.0))
+        return self.end
+
+    @property
+    def supervised_s(self) -> float:
+        """The window less the time the server was stopped on purpose (STOPPED, STOPPING)."""
+        idle = sum(b.end - b.start for b in self.bands if b.state in IDLE)
+        return max(self.span_s - idle, 0.0)
+
+    @property
+    def serving_pct(self) -> float:
+        """Time READY over the time it was meant to serve (``supervised_s``)."""
+        return 100.0 * self.serving_s / self.supervised_s if self.supervised_s > 0 else 0.0
+
+    @property
+    def crash_count(self) -> int:
+        return sum(n for _, n in self.crashes)
+
+    def kv_tokens_by_rung(self) -> tuple[tuple[float, int], ...]:
+        """(fraction, max_total_num_tokens) for each fraction launched (the last reading)."""
+        seen: dict[float, int] = {}
+        for launch in self.launches:
+            if launch.fraction is not None and launch.max_total_num_tokens is not None:
+                seen[launch.fraction] = launch.max_total_num_tokens
+        return tuple(sorted(seen.items(), reverse=True))
+
+
+def _num(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def summarize(records: Iterable[Record], *, start: float, end: float, floor: float | None) -> Night:
+    """The night between ``start`` and ``end`` (epoch seconds) from the journal's records."""
+    ordered = sorted((r for r in records if isinstance(r.get("t"), int | float)), key=lambda r: float(r["t"]))
+    before = [r for r in ordered if r["t"] < start]
+    inside = [r for r in ordered if start <= r["t"] <= end]
+    if not before and inside:
+        start = float(inside[0]["t"])  # the journal begins inside the window: the night starts there
+
+    state = "STOPPED"
+    fraction: float | None = None
+    for r in before:
+        if r.get("kind") == "state_changed":
+            state = str(r.get("to"))
+        if r.get("kind") == "launch" and _num(r.get("mem_fraction_static")) is not None:
+            fraction = _num(r.get("mem_fraction_static"))
+    fraction_start = fraction
+
+    bands: list[Band] = []
+    band_start = start
+    serving = 0.0
+    lost = {"crash": 0.0, "restart": 0.0}
+    outage: tuple[str, float] | None = None  # (why, since) until the next READY
+    crash_markers: list[Marker] = []
+    restart_markers: list[Marker] = []
+    steps: list[tuple[float, float]] = []
+    launches: list[Launch] = []
+    causes: Counter[str] = Counter()
+    last_crash: Record | None = None
+    down_since: float | None = None
+
+    def close_band(t: float) -> None:
+        nonlocal serving
+        if t > band_start:
+            bands.append(Band(state, band_start, t))
+            if state == SERVING:
+                serving += t - band_start
+
+    for r in inside:
+        t, kind = float(r["t"]), r.get("kind")
+        if kind == "state_changed":
+            close_band(t)
+            state, band_start = str(r.get("to")), t
+            if state == SERVING:
+                down_since = None
+            if state == SERVING and outage is not None:
+                lost[outage[0]] += t - outage[1]
+                outage = None
+        elif kind == "server_down":
+            down_since = t if down_since is None else down_since
+        elif kind == "crash":
+            # When it died (the server_down before the diagnosis), not when the log was read.
+            died = down_since if down_since is not None else t
+            down_since = None
+            cause = str(r.get("cause"))
+            causes[cause] += 1
+            last_crash = r
+            crash_markers.append(Marker(died, f"{cause} ({r.get('phase')})", _num(r.get("mem_fraction_static"))))
+            if outage is None:
+                outage = ("crash", died)
+        elif kind in ("restart_requested",) or (kind == "headroom_low" and r.get("action") == "step_down"):
+            if outage is None:
+                outage = ("restart", t)
+        elif kind == "restart_scheduled":
+            remedy = str(last_crash.get("remedy")) if last_crash is not None else "restart"
+            nxt = _num(r.get("mem_fraction_static"))
+            label = f"{remedy}: restart at {nxt:g}" if nxt is not None else f"{remedy}: restart"
+            restart_markers.append(Marker(t, label, nxt))
+        elif kind == "launch":
+            fraction = _num(r.get("mem_fraction_static"))
+            if fraction_start is None:
+                fraction_start = fraction
+            if fraction is not None:
+                steps.append((t, fraction))
+            launches.append(Launch(t, _int(r.get("attempt")), fraction))
+        elif kind == "fraction_learned":
+            fraction = _num(r.get("mem_fraction_static"))
+            if launches and launches[-1].fraction is None and fraction is not None:
+                launches[-1] = Launch(launches[-1].t, launches[-1].attempt, fraction)
+                steps.append((t, fraction))
+                fraction_start = fraction_start if fraction_start is not None else fraction
+        elif kind == "startup_facts" and launches:
+            last = launches[-1]
+            tokens = _int(r.get("max_total_num_tokens")) or last.max_total_num_tokens
+            avail = _num(r.get("avail_mem_after_capture_gb"))
+            launches[-1] = Launch(last.t, last.attempt, last.fraction, tokens,
+                                  avail if avail is not None else last.avail_mem_after_capture_gb)
+    close_band(end)
+    if outage is not None:
+        lost[outage[0]] += end - outage[1]
+    if fraction_start is not None and steps and steps[0][0] > start:
+        steps.insert(0, (start, fraction_start))
+    return Night(
+        start=start, end=end, bands=tuple(bands), state=state, serving_s=serving,
+        lost_crash_s=lost["crash"], lost_restart_s=lost["restart"],
+        crashes=tuple(causes.most_common()), crash_markers=tuple(crash_markers),
+        restart_markers=tuple(restart_markers), fraction_steps=tuple(steps),
+        fraction_start=fraction_start, fraction_end=fraction, floor=floor, launches=tuple(launches),
+        open_problems=open_problems(ordered, state),
+    )
+
+
+# What resolves an open problem: a later record of one of these kinds.
+_RESOLVED_BY: dict[str, tuple[str, ...]] = {
+    "gave_up": ("launch",),
+    "gpu_memory_stuck": ("launch",),
+    "port_in_use": ("launch",),
+    "daemon_failed": ("daemon_started",),
+    "group_etcd_unreachable": ("group_etcd_recovered",),
+    "headroom_low": ("launch",),
+}
+_ALERT = {"gave_up": "gave_up", "gpu_memory_stuck": "gpu_memory_stuck", "port_in_use": "port_in_use",
+          "daemon_failed": "daemon_failed", "group_etcd_unreachable": "etcd_unreachable",
+          "headroom_low": "headroom_low", "crash": "crash"}
+
+
+def open_problems(records: Sequence[Record], state: str) -> tuple[tuple[str, Record], ...]:
+    """The alerts still true at the end, oldest first, one per kind: a give-up, stuck GPU
+    memory, a foreign port holder, a daemon failure, etcd away, or a headroom warning not
+    followed by the launch that would fix them; and a crash while the server is still not
+    serving (in BACKOFF, say)."""
+    latest: dict[str, Record] = {}
+    for r in records:
+        kind = str(r.get("kind"))
+        if kind in _RESOLVED_BY and not (kind == "headroom_low" and r.get("action") == "step_down"):
+            latest[kind] = r
+        for open_kind, resolvers in _RESOLVED_BY.items():
+            if kind in resolvers and open_kind in latest and float(r["t"]) >= float(latest[open_kind]["t"]):
+                del latest[open_kind]
+        if kind == "crash":
+            latest["crash"] = r
+        if kind == "state_changed" and r.get("to") == SERVING:
+            latest.pop("crash", None)
+    if state in (SERVING, "STOPPED"):
+        latest.pop("crash", None)
+    if "gave_up" in latest:
+        latest.pop("crash", None)  # the give-up says it
+    found = sorted(latest.items(), key=lambda kv: float(kv[1]["t"]))
+    return tuple((_ALERT[kind], r) for kind, r in found)
+
+
+# --- the daily summary's schedule -----------------------------------------------------------------
+
+
+def parse_time_of_day(text: str) -> time:
+    """``"08:30"`` -> 08:30; ValueError for anything else."""
+    hh, sep, mm = text.partition(":")
+    if not sep or not hh.isdigit() or not mm.isdigit() or len(mm) != 2:
+        raise ValueError(f"{text!r}: not HH:MM")
+    return time(int(hh), int(mm))
+
+
+def next_daily(now: datetime, at: time, tz: tzinfo) -> datetime:
+    """The first ``at`` (local wall time in ``tz``) strictly after ``now`` (aware), as an aware
+    datetime in ``tz``. Across a DST change it is still ``at`` on the wall clock: 23 or 25
+    hours after the previous one. A time that does not exist that day (skipped by a spring
+    change) is taken as the same wall time after the gap (fold semantics of zoneinfo: 02:30
+    on a day that jumps 02:00 -> 03:00 is 03:30)."""
+    day = now.astimezone(tz).date()
+    for _ in range(3):
+        # A wall time in a gap has no instant of its own; timestamp() gives it the offset in
+        # force before the gap (PEP 495, fold=0), which lands it that far after the gap.
+        instant = datetime.combine(day, at, tzinfo=tz).timestamp()
+        if instant > now.timestamp():
+            return datetime.fromtimestamp(instant, tz)
+        day += timedelta(days=1)
+    raise AssertionError("unreachable: a day later is always after now")

@@ -1,0 +1,74 @@
+"""``[report] daily_at = "08:30"``: a daily summary alert with the key figures of the last 24 h.
+
+When it is due is pure (``core.night.next_daily``: the wall time handed in, the local zone,
+DST included); this task only waits for it, reads each server's journal and GPU ring (in a
+thread: a file read must not hold up the event loop) and emits one ``DailySummary`` per
+server through that server's sinks, its MQTT alerter among them. The wait is cut into steps
+of at most ``STEP_S`` that each re-read the wall clock, so a clock set or a suspended host
+does not make the summary late by the jump.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, tzinfo
+
+from supervisor.core.config import Config, server_configs, unit_name
+from supervisor.core.events import DailySummary
+from supervisor.core.night import next_daily, parse_time_of_day, summarize
+from supervisor.sinks.gpuring import read_ring
+from supervisor.sinks.journal import read_journal
+
+PERIOD_S = 24 * 3600.0
+STEP_S = 60.0
+
+Emit = Callable[[str, DailySummary], None]
+"""(server name, event): hand the summary to that server's sinks."""
+
+
+def zone(name: str) -> tzinfo:
+    """``[report] timezone`` ("Europe/Paris"), else the host's local zone."""
+    if name:
+        from zoneinfo import ZoneInfo
+
+        return ZoneInfo(name)
+    local = datetime.now().astimezone().tzinfo
+    assert local is not None
+    return local
+
+
+def summary(cfg: Config, now: float) -> DailySummary:
+    """The last 24 h of one server (``cfg``: its own config) as a ``DailySummary``."""
+    night = summarize(read_journal(cfg.state.dir), start=now - PERIOD_S, end=now,
+                      floor=cfg.policy.fraction_ladder[-1])
+    ring = read_ring(cfg.state.dir, since=now - PERIOD_S)
+    least = min(min(row) for row in ring.free_mib) / 1024 if ring is not None and ring.free_mib else None
+    return DailySummary(
+        period_h=round(night.span_s / 3600, 1), state=night.state, serving_pct=round(night.serving_pct, 1),
+        crashes=night.crash_count, causes=tuple(f"{cause} x {n}" for cause, n in night.crashes),
+        lost_s=round(night.lost_crash_s + night.lost_restart_s, 1), mem_fraction_static=night.fraction_start,
+        next_mem_fraction_static=night.fraction_end, open_problems=tuple(kind for kind, _ in night.open_problems),
+        least_free_gb=round(least, 2) if least is not None else None,
+    )
+
+
+async def run(
+    cfg: Config,
+    emit: Emit,
+    *,
+    clock: Callable[[], float],
+    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+    tz: tzinfo | None = None,
+) -> None:
+    """Emit each server's summary at every ``daily_at``, until cancelled."""
+    at = parse_time_of_day(cfg.report.daily_at)
+    tz = tz if tz is not None else zone(cfg.report.timezone)
+    while True:
+        due = next_daily(datetime.fromtimestamp(clock(), UTC), at, tz).timestamp()
+        while (left := due - clock()) > 0:
+            await sleep(min(left, STEP_S))
+        now = clock()
+        for unit in server_configs(cfg):
+            event = await asyncio.to_thread(summary, unit, now)
+            emit(unit_name(unit), event)

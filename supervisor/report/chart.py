@@ -1,0 +1,162 @@
+"""The night as a picture, drawn with matplotlib (the ``[report]`` extra; never the daemon's).
+
+Per server, three rows sharing the time axis:
+
+- the state: a band per state (READY green, BACKOFF orange, ...);
+- ``mem_fraction_static`` as a step line over the state bands, the ladder's floor dashed, a
+  red cross for each crash labelled with its cause, a triangle for each restart with its remedy;
+- the free memory of each GPU rank (the least in each sample period, from the ring).
+
+Only ``matplotlib.figure.Figure`` and the Agg canvas: no pyplot, no global state, no display.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from datetime import datetime, tzinfo
+from typing import Any
+
+from supervisor.report import ServerNight
+
+STATE_COLOURS = {
+    "READY": "#2ca02c",
+    "STARTING": "#1f77b4",
+    "PREPARING": "#9ecae1",
+    "EXITED": "#d62728",
+    "BACKOFF": "#ff7f0e",
+    "RESTARTING": "#bcbd22",
+    "STOPPING": "#7f7f7f",
+    "STOPPED": "#d9d9d9",
+    "GAVE_UP": "#3b0a0a",
+    "WAITING": "#9467bd",
+}
+CRASH = "#d62728"
+RESTART = "#6a3d9a"
+FRACTION = "#08306b"
+
+
+def missing() -> str | None:
+    """None when matplotlib is importable, else the one line saying how to get it."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return "the report's picture needs matplotlib: pip install 'sglang-supervisor[report]' (or --format text)"
+    return None
+
+
+def _x(t: float, tz: tzinfo) -> float:
+    from matplotlib import dates
+
+    return float(dates.date2num(datetime.fromtimestamp(t, tz)))
+
+
+def draw(fig: Any, sn: ServerNight, tz: tzinfo, *, title: str) -> None:
+    """Draw ``sn``'s night into ``fig`` (a Figure or SubFigure)."""
+    from matplotlib import dates
+    from matplotlib.patches import Patch
+
+    n = sn.night
+    grid = fig.add_gridspec(3, 1, height_ratios=[0.45, 3.0, 2.2], hspace=0.08)
+    ax_state = fig.add_subplot(grid[0])
+    ax_frac = fig.add_subplot(grid[1], sharex=ax_state)
+    ax_gpu = fig.add_subplot(grid[2], sharex=ax_state)
+    fig.suptitle(title, fontsize=12, fontweight="bold", x=0.01, y=1.02, ha="left")
+    x0, x1 = _x(n.start, tz), _x(n.shown_end, tz)
+
+    # the states
+    used: dict[str, str] = {}
+    for band in n.bands:
+        colour = STATE_COLOURS.get(band.state, "#e377c2")
+        used.setdefault(band.state, colour)
+        a, b = _x(band.start, tz), _x(band.end, tz)
+        ax_state.broken_barh([(a, b - a)], (0, 1), facecolors=colour)
+        ax_frac.axvspan(a, b, color=colour, alpha=0.13, lw=0)
+    ax_state.set_yticks([])
+    ax_state.set_ylim(0, 1)
+    ax_state.set_ylabel("state", rotation=0, ha="right", va="center")
+    span = max(x1 - x0, 1e-9)
+
+    def side(x: float, dy: int) -> dict[str, Any]:
+        """A label right of its marker, or left of it in the last third (clear of the edge)."""
+        right = (x - x0) / span < 0.66
+        return {"xytext": (6 if right else -6, dy), "textcoords": "offset points", "ha": "left" if right else "right"}
+
+    # the fraction, crashes, restarts
+    if n.fraction_steps:
+        xs = [_x(t, tz) for t, _ in n.fraction_steps] + [x1]
+        ys = [f for _, f in n.fraction_steps] + [n.fraction_steps[-1][1]]
+        ax_frac.step(xs, ys, where="post", color=FRACTION, lw=2.2, label="mem_fraction_static")
+        for (t, f), (_, prev) in zip(n.fraction_steps[1:], n.fraction_steps[:-1], strict=False):
+            if f != prev:
+                ax_frac.annotate(f"{prev:g} → {f:g}", (_x(t, tz), f), **side(_x(t, tz), -14), fontsize=9,
+                                 color=FRACTION)
+    values = [f for _, f in n.fraction_steps] + ([n.floor] if n.floor is not None else [])
+    if n.floor is not None:
+        ax_frac.axhline(n.floor, color="#636363", ls="--", lw=1, label=f"ladder floor {n.floor:g}")
+    for m in n.crash_markers:
+        y = m.fraction if m.fraction is not None else (max(values) if values else 0.9)
+        ax_frac.scatter([_x(m.t, tz)], [y], marker="X", s=140, color=CRASH, zorder=5, edgecolors="white")
+        ax_frac.annotate(f"crash: {m.label}", (_x(m.t, tz), y), **side(_x(m.t, tz), 10), fontsize=9, color=CRASH,
+                         fontweight="bold")
+    for m in n.restart_markers:
+        y = m.fraction if m.fraction is not None else (min(values) if values else 0.9)
+        ax_frac.scatter([_x(m.t, tz)], [y], marker="^", s=110, color=RESTART, zorder=5, edgecolors="white")
+        ax_frac.annotate(m.label, (_x(m.t, tz), y), **side(_x(m.t, tz), -26), fontsize=9, color=RESTART)
+    if values:
+        lo, hi = min(values), max(values)
+        pad = max((hi - lo) * 0.35, 0.02)
+        ax_frac.set_ylim(lo - pad, hi + pad)
+    ax_frac.set_ylabel("mem_fraction_static")
+    ax_frac.grid(axis="y", alpha=0.3)
+    # one legend row above the state band: the states, then the lines (clear of the labels)
+    lines, names = ax_frac.get_legend_handles_labels()
+    handles = [Patch(color=c, label=s) for s, c in used.items()] + lines
+    ax_state.legend(handles=handles, labels=[*used, *names], loc="lower left", bbox_to_anchor=(0, 1.02),
+                    ncol=min(len(handles), 6), fontsize=8, frameon=False)
+
+    # free GPU memory per rank
+    ring = sn.ring
+    if ring is not None and ring.times:
+        xs = [_x(t, tz) for t in ring.times]
+        palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+                   "#bcbd22", "#7f7f7f"]
+        for k, index in enumerate(ring.indices):
+            ys = [row[k] / 1024 for row in ring.free_mib]
+            ax_gpu.plot(xs, ys, color=palette[k % len(palette)], lw=1.6, alpha=0.85, label=f"GPU {index}",
+                        drawstyle="steps-post")
+        ax_gpu.legend(loc="upper right", fontsize=7, ncol=min(len(ring.indices), 8))
+        ax_gpu.set_ylim(bottom=0)
+    else:
+        ax_gpu.text(0.5, 0.5, "no GPU memory samples in the state directory", transform=ax_gpu.transAxes,
+                    ha="center", va="center", color="#636363")
+    ax_gpu.set_ylabel("free GPU memory, GB")
+    ax_gpu.grid(alpha=0.3)
+    ax_gpu.set_xlim(x0, x1)
+    locator = dates.AutoDateLocator(tz=tz)
+    ax_gpu.xaxis.set_major_locator(locator)
+    ax_gpu.xaxis.set_major_formatter(dates.ConciseDateFormatter(locator, tz=tz))
+    for ax in (ax_state, ax_frac):
+        ax.tick_params(labelbottom=False)
+
+
+def figure(nights: Sequence[ServerNight], tz: tzinfo, titles: Sequence[str]) -> Any:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(12, 6.6 * len(nights)), dpi=100)
+    several: Any = fig.subfigures(len(nights), 1) if len(nights) > 1 else None  # an array of SubFigure
+    subs = [fig] if several is None else list(several)
+    for sub, sn, title in zip(subs, nights, titles, strict=True):
+        draw(sub, sn, tz, title=title)
+    return fig
+
+
+def png(nights: Sequence[ServerNight], tz: tzinfo, titles: Sequence[str], *, dpi: int = 100) -> bytes:
+    """The chart(s) as PNG bytes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = figure(nights, tz, titles)
+    FigureCanvasAgg(fig)
+    out = io.BytesIO()
+    fig.savefig(out, format="png", dpi=dpi, bbox_inches="tight")
+    return out.getvalue()

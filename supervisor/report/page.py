@@ -1,0 +1,65 @@
+"""The report as one self-contained HTML file: inline CSS, the charts as base64 PNGs, no
+script and nothing fetched from the network."""
+
+from __future__ import annotations
+
+import base64
+import html
+from collections.abc import Sequence
+from datetime import datetime, tzinfo
+
+from supervisor.report import ServerNight, chart, event_line, notable, summary_rows
+
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px auto; max-width: 1240px;
+       color: #1b1b1b; background: #fff; }
+h1 { font-size: 1.5em; margin-bottom: 0.2em; }
+h2 { font-size: 1.2em; border-bottom: 1px solid #ddd; padding-bottom: 4px; margin-top: 1.6em; }
+.meta { color: #555; }
+.todo { background: #fff4e5; border-left: 4px solid #ff7f0e; padding: 8px 16px; }
+.todo.ok { background: #eef8ee; border-left-color: #2ca02c; }
+table { border-collapse: collapse; margin: 8px 0; }
+td, th { border: 1px solid #ddd; padding: 4px 10px; text-align: left; vertical-align: top; }
+th { background: #f4f4f4; }
+td.t { white-space: nowrap; font-variant-numeric: tabular-nums; color: #444; }
+tr.crash td { color: #b00; font-weight: 600; }
+img.chart { width: 100%; max-width: 1200px; border: 1px solid #eee; }
+"""
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text))
+
+
+def render(nights: Sequence[ServerNight], *, tz: tzinfo, title: str, titles: Sequence[str]) -> str:
+    """The whole page."""
+    parts = [
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{_e(title)}</title><style>{STYLE}</style></head><body>",
+        f"<h1>{_e(title)}</h1>",
+    ]
+    for sn, chart_title in zip(nights, titles, strict=True):
+        n = sn.night
+        parts.append(f'<section id="server-{_e(sn.name)}">')
+        if len(nights) > 1:
+            parts.append(f"<h2>Server {_e(sn.name)}</h2>")
+        parts.append(f'<p class="meta">{datetime.fromtimestamp(n.start, tz):%Y-%m-%d %H:%M} – '
+                     f"{datetime.fromtimestamp(n.end, tz):%Y-%m-%d %H:%M} · state directory {_e(sn.state_dir)}</p>")
+        parts.append("<h3>What to do now</h3>")
+        if sn.todo:
+            parts.append('<ul class="todo">' + "".join(f"<li>{_e(s)}</li>" for s in sn.todo) + "</ul>")
+        else:
+            parts.append('<ul class="todo ok"><li>Nothing: no open problem.</li></ul>')
+        image = base64.b64encode(chart.png([sn], tz, [chart_title])).decode()
+        parts.append(f'<img class="chart" alt="timeline of {_e(sn.name)}" src="data:image/png;base64,{image}">')
+        parts.append("<h3>Summary</h3><table>")
+        parts += [f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in summary_rows(sn)]
+        parts.append("</table>")
+        parts.append("<h3>The night's events</h3><table><tr><th>time</th><th>event</th></tr>")
+        for r in notable(sn.records):
+            cls = ' class="crash"' if r.get("kind") in ("crash", "gave_up") else ""
+            parts.append(f'<tr{cls}><td class="t">{datetime.fromtimestamp(float(r["t"]), tz):%H:%M:%S}</td>'
+                         f"<td>{_e(event_line(r))}</td></tr>")
+        parts.append("</table></section>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
