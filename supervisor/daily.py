@@ -11,8 +11,11 @@ does not make the summary late by the jump.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, tzinfo
+from pathlib import Path
 
 from supervisor.core.config import Config, server_configs, unit_name
 from supervisor.core.events import DailySummary
@@ -28,11 +31,19 @@ Emit = Callable[[str, DailySummary], None]
 
 
 def zone(name: str) -> tzinfo:
-    """``[report] timezone`` ("Europe/Paris"), else the host's local zone."""
-    if name:
-        from zoneinfo import ZoneInfo
+    """``[report] timezone`` ("Europe/Paris"), else the host's local zone with its DST rules:
+    ``$TZ`` if it names a zone, else ``/etc/localtime``. Only if neither can be read, the
+    host's offset now (fixed: a DST change would then move the time by an hour)."""
+    from zoneinfo import ZoneInfo
 
+    if name:
         return ZoneInfo(name)
+    env = os.environ.get("TZ", "").lstrip(":")
+    if env:
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            return ZoneInfo(env)
+    with contextlib.suppress(ValueError, OSError), Path("/etc/localtime").open("rb") as f:
+        return ZoneInfo.from_file(f, key="localtime")
     local = datetime.now().astimezone().tzinfo
     assert local is not None
     return local
@@ -54,21 +65,29 @@ def summary(cfg: Config, now: float) -> DailySummary:
 
 
 async def run(
-    cfg: Config,
+    config: Callable[[], Config],
     emit: Emit,
     *,
     clock: Callable[[], float],
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     tz: tzinfo | None = None,
 ) -> None:
-    """Emit each server's summary at every ``daily_at``, until cancelled."""
-    at = parse_time_of_day(cfg.report.daily_at)
-    tz = tz if tz is not None else zone(cfg.report.timezone)
+    """Emit each server's summary at every ``daily_at``, until cancelled. ``config`` is the
+    config in force (re-read at every step: a reload that sets, moves or clears ``daily_at``
+    or ``timezone`` takes effect within ``STEP_S``); ``tz`` overrides the zone (tests)."""
     while True:
-        due = next_daily(datetime.fromtimestamp(clock(), UTC), at, tz).timestamp()
+        cfg = config()
+        if not cfg.report.daily_at:
+            await sleep(STEP_S)
+            continue
+        at = parse_time_of_day(cfg.report.daily_at)
+        due = next_daily(datetime.fromtimestamp(clock(), UTC), at, tz or zone(cfg.report.timezone)).timestamp()
         while (left := due - clock()) > 0:
             await sleep(min(left, STEP_S))
-        now = clock()
-        for unit in server_configs(cfg):
-            event = await asyncio.to_thread(summary, unit, now)
-            emit(unit_name(unit), event)
+            if config() is not cfg:
+                break  # reloaded: work the time out again
+        else:
+            now = clock()
+            for unit in server_configs(cfg):
+                event = await asyncio.to_thread(summary, unit, now)
+                emit(unit_name(unit), event)

@@ -102,7 +102,7 @@ async def test_summaries_come_at_0830_local_time_across_the_spring_change(tmp_pa
     clock = FakeClock(START)
     got: list[tuple[str, float, ev.DailySummary]] = []
     cfg = cfg_for(tmp_path, daily_at="08:30", timezone="Europe/Paris")
-    task = asyncio.create_task(daily.run(cfg, lambda name, e: got.append((name, clock.t, e)), clock=clock,
+    task = asyncio.create_task(daily.run(lambda: cfg, lambda name, e: got.append((name, clock.t, e)), clock=clock,
                                          sleep=clock.sleep))
     while len(got) < 2:
         await asyncio.sleep(0.01)
@@ -120,8 +120,8 @@ async def test_a_clock_set_forward_does_not_delay_the_summary(tmp_path):
     """The wait re-reads the wall clock at least every minute: jumping over 08:30 sends it at once."""
     clock = FakeClock(datetime(2026, 6, 1, 7, 0, tzinfo=PARIS).timestamp())
     got: list[float] = []
-    task = asyncio.create_task(daily.run(cfg_for(tmp_path, daily_at="08:30", timezone="Europe/Paris"),
-                                         lambda name, e: got.append(clock.t), clock=clock, sleep=clock.sleep))
+    cfg = cfg_for(tmp_path, daily_at="08:30", timezone="Europe/Paris")
+    task = asyncio.create_task(daily.run(lambda: cfg, lambda name, e: got.append(clock.t), clock=clock, sleep=clock.sleep))
     await asyncio.sleep(0.05)
     clock.t += 2 * 3600  # 09:00+: past 08:30
     while not got:
@@ -166,10 +166,41 @@ async def test_the_daily_summary_is_published_over_mqtt(tmp_path):
 
 
 def test_an_unknown_timezone_is_a_config_error_before_anything_starts(tmp_path):
-    from supervisor.cli.run import start_daily_summaries
     from supervisor.core.config import ConfigError
 
-    cfg = cfg_for(tmp_path, daily_at="08:30", timezone="Mars/Olympus_Mons")
-    with pytest.raises(ConfigError, match=r"\[report\] timezone 'Mars/Olympus_Mons'"):
-        start_daily_summaries(cfg, daemon=None, logger=None)
-    assert start_daily_summaries(cfg_for(tmp_path), daemon=None, logger=None) is None  # no daily_at: no task
+    with pytest.raises(ConfigError, match=r"\[report\] timezone = 'Mars/Olympus_Mons': must be an IANA zone"):
+        cfg_for(tmp_path, daily_at="08:30", timezone="Mars/Olympus_Mons")
+    assert cfg_for(tmp_path, timezone="Europe/Paris").report.timezone == "Europe/Paris"
+
+
+async def test_a_reload_sets_and_clears_daily_at(tmp_path):
+    """The task follows the config in force: none at first (it only looks once a minute), then
+    a reload to 08:30 sends one at 08:30, then a reload to "" sends no more."""
+    clock = FakeClock(datetime(2026, 6, 1, 7, 0, tzinfo=PARIS).timestamp())
+    now = {"cfg": cfg_for(tmp_path, timezone="Europe/Paris")}
+    got: list[float] = []
+    task = asyncio.create_task(daily.run(lambda: now["cfg"], lambda name, e: got.append(clock.t), clock=clock,
+                                         sleep=clock.sleep))
+    while clock.t < datetime(2026, 6, 1, 8, 0, tzinfo=PARIS).timestamp():
+        await asyncio.sleep(0)
+    assert got == []
+    now["cfg"] = cfg_for(tmp_path, daily_at="08:30", timezone="Europe/Paris")
+    while not got:
+        await asyncio.sleep(0)
+    assert got == [datetime(2026, 6, 1, 8, 30, tzinfo=PARIS).timestamp()]
+    now["cfg"] = cfg_for(tmp_path, timezone="Europe/Paris")
+    while clock.t < datetime(2026, 6, 3, 9, 0, tzinfo=PARIS).timestamp():
+        await asyncio.sleep(0)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert len(got) == 1
+
+
+def test_the_hosts_zone_keeps_its_dst_rules(monkeypatch):
+    """No [report] timezone: $TZ or /etc/localtime as a zone with its rules, not today's offset."""
+    monkeypatch.setenv("TZ", "Europe/Paris")
+    tz = daily.zone("")
+    winter = datetime(2026, 1, 15, 12, 0, tzinfo=tz).utcoffset()
+    summer = datetime(2026, 7, 15, 12, 0, tzinfo=tz).utcoffset()
+    assert (winter.total_seconds(), summer.total_seconds()) == (3600, 7200)

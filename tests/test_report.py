@@ -205,11 +205,25 @@ def test_text_and_png_formats(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
 
 
-def test_report_refuses_a_bad_since(tmp_path):
+@pytest.mark.parametrize(("args", "extra", "journal", "code", "line"), [
+    (("--since", "soon"), "", True, 2, "--since 'soon': not a duration"),
+    ((), "", False, 1, "no journal in {state}: the daemon writes journal.jsonl there"),
+    (("-o", "{tmp}/no/such/dir/r.html"), "", True, 1, "-o {tmp}/no/such/dir/r.html: cannot write: No such file"),
+    ((), '[report]\ntimezone = "Mars/Olympus_Mons"\n', True, 2, "timezone = 'Mars/Olympus_Mons': must be an IANA zone"),
+    (("--server", "tp9"), "", True, 2, "--server 'tp9': no such server"),
+])
+def test_report_bad_input_is_one_line(tmp_path, args, extra, journal, code, line):
+    """A bad flag, a state directory the daemon never wrote, an output it cannot write, an
+    unknown zone: one line on stderr and a non-zero exit, never a traceback or an empty page."""
+    state = tmp_path / "state"
+    state.mkdir()
+    if journal:
+        _journal_night(state)
     config = tmp_path / "c.toml"
-    config.write_text(f'[server]\nmodel_path = "m"\n[state]\ndir = "{tmp_path}"\n')
-    r = run_cli("report", "--config", str(config), "--since", "soon")
-    assert r.returncode == 2 and "--since" in r.stderr and "Traceback" not in r.stderr
+    config.write_text(f'[server]\nmodel_path = "m"\n[state]\ndir = "{state}"\n{extra}')
+    r = run_cli("report", "--config", str(config), *(a.format(tmp=tmp_path) for a in args), "--format", "text")
+    assert r.returncode == code and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert line.format(state=state, tmp=tmp_path) in r.stderr
 
 
 def test_a_section_per_server(tmp_path):
@@ -237,3 +251,17 @@ def test_a_section_per_server(tmp_path):
     source = page.read_text()
     assert '<section id="server-tp4-a">' in source and '<section id="server-tp4-b">' in source
     assert source.count("data:image/png;base64,") == 2
+
+
+def test_gpus_with_the_same_night_share_one_line():
+    """Eight tensor-parallel ranks with the same free memory are one line "GPU 0–7", not seven
+    lines hidden under the eighth; a rank that differs keeps its own."""
+    from supervisor.report.chart import gpu_series
+    from supervisor.sinks.gpuring import Ring
+
+    same = Ring(indices=tuple(range(8)), total_mib=(98304,) * 8, sample_s=60, capacity=10, times=(1.0, 2.0),
+                free_mib=((1024,) * 8, (5120,) * 8))
+    assert gpu_series(same) == [("GPU 0–7", [1.0, 5.0])]
+    apart = Ring(indices=(0, 1, 4), total_mib=(98304,) * 3, sample_s=60, capacity=10, times=(1.0, 2.0),
+                 free_mib=((1024, 1024, 2048), (1024, 1024, 4096)))
+    assert gpu_series(apart) == [("GPU 0, 1", [1.0, 1.0]), ("GPU 4", [2.0, 4.0])]

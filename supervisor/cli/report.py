@@ -17,6 +17,7 @@ from pathlib import Path
 
 from supervisor.cli.common import fail
 from supervisor.core.config import Config, select_server
+from supervisor.sinks.journal import JOURNAL, journal_paths
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,7 +35,15 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
         since_s = parse_duration(args.since)
     except ValueError as exc:
         return fail(f"--since {exc}")
-    path = write_report(cfg, fmt=args.format, output=args.output, since_s=since_s, server=args.server)
+    units = select_server(cfg, args.server)
+    if not any(journal_paths(unit.state.dir) for unit in units):
+        where = ", ".join(sorted({unit.state.dir for unit in units}))
+        return fail(f"no journal in {where}: the daemon writes {JOURNAL} there while it runs with this config "
+                    "([report] enabled = true, the default)", 1)
+    try:
+        path = write_report(cfg, fmt=args.format, output=args.output, since_s=since_s, server=args.server)
+    except OSError as exc:
+        return fail(f"-o {args.output or 'report.' + args.format}: cannot write: {exc.strerror or exc}", 1)
     if path is not None:
         print(path)
     return 0

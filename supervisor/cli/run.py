@@ -128,12 +128,11 @@ async def run_daemon_async(
     daemon = Daemon(cfg, ports)
     if on_daemon is not None:
         on_daemon(daemon)
-    summaries = start_daily_summaries(cfg, daemon, logger)
+    summaries = start_daily_summaries(daemon, logger)
     try:
         return await daemon.run()
     finally:
-        if summaries is not None:
-            summaries.cancel()
+        summaries.cancel()
         if ports.router is not None:
             await ports.router.aclose()
         if group_etcd is not None:
@@ -146,21 +145,13 @@ async def run_daemon_async(
             await metrics_server.close()
 
 
-def start_daily_summaries(cfg: Config, daemon: Any, logger: Any) -> asyncio.Task[None] | None:
+def start_daily_summaries(daemon: Any, logger: Any) -> asyncio.Task[None]:
     """``[report] daily_at``: the task that emits each server's daily summary through that
-    server's sinks (its alerter publishes it); None when it is not configured."""
-    if not cfg.report.daily_at:
-        return None
+    server's sinks (its alerter publishes it). It follows the config in force, so a reload can
+    set, move or clear ``daily_at``; without one it wakes once a minute to look."""
     import time
 
     from supervisor import daily
-
-    try:
-        tz = daily.zone(cfg.report.timezone)
-    except (ValueError, OSError) as exc:  # ZoneInfoNotFoundError is a KeyError; see below
-        raise ConfigError(f"[report] timezone {cfg.report.timezone!r}: {exc}") from None
-    except KeyError:
-        raise ConfigError(f"[report] timezone {cfg.report.timezone!r}: no such zone") from None
 
     def emit(name: str, event: Any) -> None:
         daemon.unit(name).emit(event)
@@ -169,7 +160,7 @@ def start_daily_summaries(cfg: Config, daemon: Any, logger: Any) -> asyncio.Task
         if not task.cancelled() and task.exception() is not None:
             logger.error("task_failed", task="daily-summary", error=repr(task.exception())[:300])
 
-    task = asyncio.create_task(daily.run(cfg, emit, clock=time.time, tz=tz), name="daily-summary")
+    task = asyncio.create_task(daily.run(lambda: daemon.cfg, emit, clock=time.time), name="daily-summary")
     task.add_done_callback(done)
     return task
 

@@ -333,6 +333,19 @@ def _time_of_day(v: str) -> bool:
     return bool(sep) and hh.isdigit() and mm.isdigit() and len(mm) == 2 and int(hh) < 24 and int(mm) < 60
 
 
+def _zone_name(v: str) -> bool:
+    """"" (the host's zone) or an IANA zone this host's tz database knows."""
+    if v == "":
+        return True
+    from zoneinfo import ZoneInfo
+
+    try:
+        ZoneInfo(v)
+    except (KeyError, ValueError, OSError):  # ZoneInfoNotFoundError is a KeyError
+        return False
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class ReportConfig:
     """The morning report's data (docs/report.md): the daemon's journal of notable events and
@@ -347,7 +360,7 @@ class ReportConfig:
     journal_backups: int = field(default=3, metadata=_rule("an integer >= 0", lambda v: v >= 0))
     # A daily summary alert over MQTT at this local time ("08:30"); "" = none.
     daily_at: str = field(default="", metadata=_rule('"HH:MM" (24 h, local time) or ""', _time_of_day))
-    timezone: str = field(default="", metadata=_rule('an IANA zone ("Europe/Paris"); "" = the host\'s'))
+    timezone: str = field(default="", metadata=_rule('an IANA zone this host knows ("Europe/Paris"); "" = the host\'s', _zone_name))
 
 
 @dataclass(frozen=True, slots=True)

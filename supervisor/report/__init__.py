@@ -37,14 +37,10 @@ class ServerNight:
 
 
 def local_zone(cfg: Config) -> tzinfo:
-    """``[report] timezone``, else the host's."""
-    if cfg.report.timezone:
-        from zoneinfo import ZoneInfo
+    """``[report] timezone``, else the host's (``daily.zone``: the daily summary's zone too)."""
+    from supervisor.daily import zone
 
-        return ZoneInfo(cfg.report.timezone)
-    zone = datetime.now().astimezone().tzinfo
-    assert zone is not None
-    return zone
+    return zone(cfg.report.timezone)
 
 
 def clock_time(t: float, tz: tzinfo) -> str:

@@ -18,6 +18,7 @@ from datetime import datetime, tzinfo
 from typing import Any
 
 from supervisor.report import ServerNight
+from supervisor.sinks.gpuring import Ring
 
 STATE_COLOURS = {
     "READY": "#2ca02c",
@@ -121,11 +122,11 @@ def draw(fig: Any, sn: ServerNight, tz: tzinfo, *, title: str) -> None:
         xs = [_x(t, tz) for t in ring.times]
         palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
                    "#bcbd22", "#7f7f7f"]
-        for k, index in enumerate(ring.indices):
-            ys = [row[k] / 1024 for row in ring.free_mib]
-            ax_gpu.plot(xs, ys, color=palette[k % len(palette)], lw=1.6, alpha=0.85, label=f"GPU {index}",
+        series = gpu_series(ring)
+        for k, (label, ys) in enumerate(series):
+            ax_gpu.plot(xs, ys, color=palette[k % len(palette)], lw=1.6, alpha=0.85, label=label,
                         drawstyle="steps-post")
-        ax_gpu.legend(loc="upper right", fontsize=7, ncol=min(len(ring.indices), 8))
+        ax_gpu.legend(loc="upper right", fontsize=7, ncol=min(len(series), 8))
         ax_gpu.set_ylim(bottom=0)
     else:
         ax_gpu.text(0.5, 0.5, "no GPU memory samples in the state directory", transform=ax_gpu.transAxes,
@@ -138,6 +139,21 @@ def draw(fig: Any, sn: ServerNight, tz: tzinfo, *, title: str) -> None:
     ax_gpu.xaxis.set_major_formatter(dates.ConciseDateFormatter(locator, tz=tz))
     for ax in (ax_state, ax_frac):
         ax.tick_params(labelbottom=False)
+
+
+def gpu_series(ring: Ring) -> list[tuple[str, list[float]]]:
+    """(legend label, free GB per record) per GPU; GPUs whose whole night is the same line
+    (tensor-parallel ranks often are) share one, labelled with all of them ("GPU 0-7"),
+    rather than hiding each other under the last one drawn."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for k, index in enumerate(ring.indices):
+        groups.setdefault(tuple(row[k] for row in ring.free_mib), []).append(index)
+    out = []
+    for values, indices in groups.items():
+        run = len(indices) > 2 and indices == list(range(indices[0], indices[0] + len(indices)))
+        label = f"GPU {indices[0]}–{indices[-1]}" if run else "GPU " + ", ".join(map(str, indices))
+        out.append((label, [v / 1024 for v in values]))
+    return out
 
 
 def figure(nights: Sequence[ServerNight], tz: tzinfo, titles: Sequence[str]) -> Any:
