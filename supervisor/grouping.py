@@ -30,7 +30,7 @@ import contextlib
 import json
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from supervisor.adapters.ports import Etcd, EtcdError, KeyValue, Lease
 from supervisor.core import events as ev
@@ -69,8 +69,8 @@ class View:
 
     generation: Generation | None = None
     generation_rev: int = 0  # its mod revision (0: absent), for compare-and-swap
-    nodes: dict[int, NodeInfo] | None = None
-    reports: dict[int, dict[int, KeyValue]] | None = None  # generation -> rank -> report
+    nodes: dict[int, NodeInfo] = field(default_factory=dict)
+    reports: dict[int, dict[int, KeyValue]] = field(default_factory=dict)  # generation -> rank -> report
 
 
 class GroupSync:
@@ -87,8 +87,8 @@ class GroupSync:
         self.config_hash = config_hash
         self.host = host
         self._post = post
-        self._emit = emit
-        self._rng = rng or random.Random()
+        self.emit = emit
+        self.rng = rng or random.Random()
         self.view = View()
         self.etcd_up = False
         self.leading = False
@@ -123,7 +123,7 @@ class GroupSync:
         answer stands: no node acts on what it cannot see."""
         if not self.etcd_up:
             return self._head_ready
-        head = (self.view.nodes or {}).get(0)
+        head = self.view.nodes.get(0)
         self._head_ready = head is not None and head.state == str(State.READY) and head.generation == self._mine.generation
         return self._head_ready
 
@@ -148,12 +148,12 @@ class GroupSync:
                 failures += 1
                 if self.etcd_up or self._down_since is None:
                     self._down_since = loop.time()
-                    self._emit(ev.GroupEtcdUnreachable(error=str(exc)[:300]))
+                    self.emit(ev.GroupEtcdUnreachable(error=str(exc)[:300]))
                 self.etcd_up = False
                 self.leading = False
                 self._lease = None
                 await asyncio.sleep(exponential_backoff(failures - 1, initial=0.5, factor=2.0, maximum=RECONNECT_MAX_S,
-                                                        jitter=(0.5, 1.0), sample=self._rng.random()))
+                                                        jitter=(0.5, 1.0), sample=self.rng.random()))
 
     async def _session(self) -> None:
         etcd = self._etcd
@@ -161,13 +161,13 @@ class GroupSync:
         lease = await etcd.grant(self.group.lease_ttl_s)
         self._lease = lease
         self._node_dirty = True
-        await self._refresh()
+        await self.refresh()
         loop = asyncio.get_running_loop()
         if self._down_since is not None:
-            self._emit(ev.GroupEtcdRecovered(down_s=round(loop.time() - self._down_since, 3)))
+            self.emit(ev.GroupEtcdRecovered(down_s=round(loop.time() - self._down_since, 3)))
             self._down_since = None
         self.etcd_up = True
-        self._emit(ev.GroupJoined(group=self.group.name, node_rank=self.group.node_rank))
+        self.emit(ev.GroupJoined(group=self.group.name, node_rank=self.group.node_rank))
         tasks = [
             asyncio.create_task(etcd.keep_alive(lease), name="group-lease"),
             asyncio.create_task(self._watch(), name="group-watch"),
@@ -197,7 +197,7 @@ class GroupSync:
                 await asyncio.wait_for(self._kick.wait(), TICK_S)
             self._kick.clear()
             await self._write_own()
-            await self._refresh()
+            await self.refresh()
             self._react()
 
     async def _write_own(self) -> None:
@@ -213,10 +213,14 @@ class GroupSync:
             await self._etcd.put_if(key, value, 0)  # once: a report already there stays first
             self._pending_reports.pop(0)
 
-    async def _refresh(self) -> None:
+    async def write_generation(self, gen: Generation, expect_rev: int) -> None:
+        """The leader's write: ``gen`` if the record is still at ``expect_rev`` (0: absent)."""
+        await self._etcd.put_if(f"{self.prefix}/generation", gen.to_json(), expect_rev)
+        self._kick.set()
+
+    async def refresh(self) -> None:
         kvs, _rev = await self._etcd.get_prefix(self.prefix + "/")
-        view = View(nodes={}, reports={})
-        assert view.nodes is not None and view.reports is not None
+        view = View()
         for kv in kvs:
             name = kv.key[len(self.prefix) + 1:]
             try:
@@ -266,7 +270,7 @@ class GroupSync:
     async def _lead(self, lease: Lease) -> None:
         await self._etcd.campaign(f"{self.prefix}/election", lease, self.host.encode())
         self.leading = True
-        self._emit(ev.GroupLeader(group=self.group.name, node_rank=self.group.node_rank))
+        self.emit(ev.GroupLeader(group=self.group.name, node_rank=self.group.node_rank))
         leader = _Leader(self)
         while True:
             await leader.decide()
@@ -287,9 +291,9 @@ class _Leader:
 
     async def decide(self) -> None:
         s = self.s
-        await s._refresh()
+        await s.refresh()
         view = s.view
-        nodes = view.nodes or {}
+        nodes = view.nodes
         gen = view.generation
         if gen is None:
             everyone = len(nodes) == s.group.nnodes and all(n.config_hash == s.config_hash for n in nodes.values())
@@ -306,7 +310,7 @@ class _Leader:
         await self._next(gen, nodes, view)
 
     async def _watch_running(self, gen: Generation, nodes: dict[int, NodeInfo], view: View) -> None:
-        reports = (view.reports or {}).get(gen.number, {})
+        reports = view.reports.get(gen.number, {})
         why, lost_node = "", None
         if reports:
             first = min(reports.values(), key=lambda kv: kv.create_revision)
@@ -319,7 +323,7 @@ class _Leader:
                 why = f"node {lost_node} lost: its lease expired (its daemon or its host is gone)"
         if why:
             await self._write(replace(gen, ended=why, lost_node=lost_node), view.generation_rev)
-            self.s._emit(ev.GroupGenerationEnded(group=self.s.group.name, number=gen.number, reason=why))
+            self.s.emit(ev.GroupGenerationEnded(group=self.s.group.name, number=gen.number, reason=why))
             return
         head = nodes.get(0)
         if head is not None and head.state == str(State.READY) and head.generation == gen.number and not gen.stable:
@@ -330,7 +334,7 @@ class _Leader:
     async def _next(self, gen: Generation, nodes: dict[int, NodeInfo], view: View) -> None:
         s = self.s
         seen = self.ended_seen.setdefault(gen.number, self.now())
-        reports = (view.reports or {}).get(gen.number, {})
+        reports = view.reports.get(gen.number, {})
         waiting_for = [r for r, n in nodes.items() if r not in reports and n.generation == gen.number
                        and n.state not in (str(State.WAITING), str(State.GAVE_UP))]
         patience = s.cfg.server.stop_grace_s + s.group.lease_ttl_s + 5.0
@@ -341,9 +345,9 @@ class _Leader:
             d = json.loads(kv.value)
             parsed.append(Report(rank, gen.number, diagnosis_from_dict(d.get("diagnosis") or {}), kv.create_revision,
                                  str(d.get("host", ""))))
-        nxt = next_generation(gen, parsed, s.cfg.policy, leader=s.host, jitter_sample=s._rng.random())
+        nxt = next_generation(gen, parsed, s.cfg.policy, leader=s.host, jitter_sample=s.rng.random())
         root = nxt.root_cause or {}
-        s._emit(ev.GroupGeneration(
+        s.emit(ev.GroupGeneration(
             group=s.group.name, number=nxt.number, mem_fraction_static=nxt.fraction,
             hicache_size_gb=nxt.hicache_size_gb, reason=nxt.reason, delay_s=nxt.delay_s, gave_up=nxt.gave_up,
             root_node=root.get("node_rank"),
@@ -358,8 +362,7 @@ class _Leader:
     async def _write(self, gen: Generation, expect_rev: int) -> None:
         """Compare-and-swap: written only over the record we decided from (a second writer,
         a leader that lost its place, loses the race and looks again)."""
-        await self.s._etcd.put_if(f"{self.s.prefix}/generation", gen.to_json(), expect_rev)
-        self.s._kick.set()
+        await self.s.write_generation(gen, expect_rev)
 
 
 def node_config_hash(cfg: Config) -> str:

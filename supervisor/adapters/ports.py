@@ -36,7 +36,7 @@ __all__ = [
     "Check", "Cleanup", "ControlHandle", "ControlStarter", "GpuInfo", "GpuMonitorFactory", "GpuProbe",
     "GpuProbeError", "GpuProcess", "LogOpener", "Monitor", "NoneProbe", "NullNotifier", "OomKillReader",
     "Ports", "Preflight", "ProbeOutcome", "Prober", "ProberFactory", "ProcInfo", "ProcessError", "Router", "RouterError", "RouterWorker",
-    "ControlError", "Etcd", "EtcdError", "FleetStore", "KeyValue", "KvEntry", "Leadership", "Lease", "WatchEvent", "ReapedChild", "ReaperError", "ReaperHandle", "ReaperStarter",
+    "ControlError", "Etcd", "EtcdError", "FleetStore", "KeyValue", "Leadership", "Lease", "WatchEvent", "ReapedChild", "ReaperError", "ReaperHandle", "ReaperStarter",
     "ServerHandle", "ServerLog", "ServerSpawner", "StaleReport", "Store", "StoreError", "VersionReader",
 ]
 
@@ -360,20 +360,11 @@ class Etcd(Protocol):
     async def leader(self, prefix: str) -> KeyValue | None: ...
 
 
-class KvEntry(Protocol):
-    """One etcd key's value and revision (``etcd.KeyValue``)."""
-
-    @property
-    def value(self) -> bytes: ...
-    @property
-    def mod_revision(self) -> int: ...
-
-
 class FleetStore(Protocol):
     """etcd as fleet memory uses it (``etcd.EtcdClient``; docs/fleet.md). Every call is
     bounded by the client's timeout and raises the client's one error type."""
 
-    async def get(self, key: str) -> KvEntry | None: ...
+    async def get(self, key: str) -> KeyValue | None: ...
     async def put_if(self, key: str, value: bytes, mod_revision: int) -> int | None:
         """Compare-and-swap (0: only if absent); None when another writer was first."""
         ...

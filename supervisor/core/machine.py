@@ -578,6 +578,65 @@ def _give_up(core: Core, reason: str, cause: Cause | None) -> tuple[Core, list[A
     ]
 
 
+def _crash_record(core: Core, ctx: Ctx, diagnosis: Diagnosis, exit_text: str,
+                  next_fraction: float | None) -> CrashRecord:
+    """The crash as the state file's history keeps it (``core``: as the server died)."""
+    return CrashRecord(
+        wall_time=ctx.wall_time,
+        cause=diagnosis.cause,
+        remedy=diagnosis.remedy,
+        phase=diagnosis.phase,
+        exit=exit_text,
+        fraction=core.learned.fraction,
+        next_fraction=next_fraction,
+        evidence=(diagnosis.evidence[0] if diagnosis.evidence else "")[:300],
+        location=diagnosis.location,
+        attempt=core.attempt,
+    )
+
+
+def _crash_event(
+    core: Core,
+    diagnosis: Diagnosis,
+    status: ExitStatus | None,
+    *,
+    next_fraction: float | None,
+    next_hicache_size_gb: float | None,
+    next_retry_s: float | None,
+    failures: int,
+    log_diagnosis: Diagnosis | None = None,
+) -> ev.Crash:
+    """The crash event (``core``: as the server died; the ``next_*`` are the policy's answer)."""
+    return ev.Crash(
+        cause=diagnosis.cause,
+        remedy=diagnosis.remedy,
+        phase=diagnosis.phase,
+        exit_code=status.code if status else None,
+        signal=status.signal if status else None,
+        evidence=tuple(diagnosis.evidence),
+        evidence_lineno=diagnosis.evidence_lineno,
+        location=diagnosis.location,
+        rank=diagnosis.rank,
+        exc_type=diagnosis.exc_type,
+        exc_message=diagnosis.exc_message,
+        mem_fraction_static=core.learned.fraction,
+        hicache_size_gb=core.learned.hicache_size_gb,
+        attempt=core.attempt,
+        next_mem_fraction_static=next_fraction,
+        next_hicache_size_gb=next_hicache_size_gb,
+        next_retry_s=next_retry_s,
+        consecutive_failures=failures,
+        certain=diagnosis.certain,
+        phase_source=diagnosis.phase_source,
+        runner_up=diagnosis.runner_up,
+        min_fraction=diagnosis.min_fraction,
+        part_died=core.part_died or None,
+        # On a hang or a restart we asked for, what the server's own log said is kept.
+        log_cause=None if log_diagnosis is None else log_diagnosis.cause,
+        log_evidence=() if log_diagnosis is None else tuple(log_diagnosis.evidence),
+    )
+
+
 def _after_failure(
     core: Core,
     ctx: Ctx,
@@ -597,7 +656,6 @@ def _after_failure(
         crash_times += (ctx.now,)
     failures = core.failures + 1 if counted else core.failures
     learned = core.learned
-    prev_hicache = learned.hicache_size_gb
     decision = policy.decide(
         cause=cause,
         remedy=diagnosis.remedy,
@@ -624,19 +682,15 @@ def _after_failure(
             )
             pending = (*pending, lesson)[-FLEET_PENDING_LIMIT:]
             share = [FleetShare(pending)]
-    exit_text = status.describe() if status else "stopped by the supervisor"
-    record = CrashRecord(
-        wall_time=ctx.wall_time,
-        cause=cause,
-        remedy=diagnosis.remedy,
-        phase=diagnosis.phase,
-        exit=exit_text,
-        fraction=learned.fraction,
-        next_fraction=None if decision.give_up else decision.fraction,
-        evidence=(diagnosis.evidence[0] if diagnosis.evidence else "")[:300],
-        location=diagnosis.location,
-        attempt=core.attempt,
-    )
+    next_fraction = None if decision.give_up else decision.fraction
+    record = _crash_record(core, ctx, diagnosis, status.describe() if status else "stopped by the supervisor",
+                           next_fraction)
+    crash_event = Emit(_crash_event(
+        core, diagnosis, status, next_fraction=next_fraction,
+        next_hicache_size_gb=None if decision.give_up else decision.hicache_size_gb,
+        next_retry_s=None if decision.give_up else round(decision.delay_s, 3), failures=failures,
+        log_diagnosis=log_diagnosis,
+    ))
     learned = replace(
         learned,
         oom_fractions=oom,
@@ -655,34 +709,6 @@ def _after_failure(
         recovering_from=cause,
         pid=None,
     )
-    crash_event = Emit(ev.Crash(
-        cause=cause,
-        remedy=diagnosis.remedy,
-        phase=diagnosis.phase,
-        exit_code=status.code if status else None,
-        signal=status.signal if status else None,
-        evidence=tuple(diagnosis.evidence),
-        evidence_lineno=diagnosis.evidence_lineno,
-        location=diagnosis.location,
-        rank=diagnosis.rank,
-        exc_type=diagnosis.exc_type,
-        exc_message=diagnosis.exc_message,
-        mem_fraction_static=record.fraction,
-        hicache_size_gb=prev_hicache,
-        attempt=core.attempt,
-        next_mem_fraction_static=record.next_fraction,
-        next_hicache_size_gb=None if decision.give_up else decision.hicache_size_gb,
-        next_retry_s=None if decision.give_up else round(decision.delay_s, 3),
-        consecutive_failures=failures,
-        certain=diagnosis.certain,
-        phase_source=diagnosis.phase_source,
-        runner_up=diagnosis.runner_up,
-        min_fraction=diagnosis.min_fraction,
-        part_died=core.part_died or None,
-        # On a hang or a restart we asked for, what the server's own log said is kept.
-        log_cause=None if log_diagnosis is None else log_diagnosis.cause,
-        log_evidence=() if log_diagnosis is None else tuple(log_diagnosis.evidence),
-    ))
     crash_events: list[Action] = [crash_event, *share] if counted else share
     if decision.give_up:
         new, actions = _give_up(core, decision.reason, cause)
@@ -890,24 +916,13 @@ def _group_step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]
                 ours = Diagnosis(cause=core.pending or Cause.OTHER, phase=core.phase, evidence=(detail,),
                                  phase_source="daemon")
                 diagnosis = _group_stop(detail, core.phase) if detail.startswith("the group's") else ours
-            record = CrashRecord(
-                wall_time=ctx.wall_time, cause=diagnosis.cause, remedy=diagnosis.remedy, phase=diagnosis.phase,
-                exit=status.describe(), fraction=core.learned.fraction, next_fraction=None,
-                evidence=(diagnosis.evidence[0] if diagnosis.evidence else "")[:300], location=diagnosis.location,
-                attempt=core.attempt,
-            )
+            record = _crash_record(core, ctx, diagnosis, status.describe(), None)
             learned = replace(core.learned, history=(*core.learned.history, record)[-HISTORY_LIMIT:])
             new, actions = _transition(replace(core, learned=learned, last_cause=diagnosis.cause), State.WAITING,
                                        f"generation {core.generation} ended here: {diagnosis.cause.summary}", pid=None)
-            crash = [] if s is State.RESTARTING and diagnosis.evidence[:1] == (GROUP_STOP,) else [Emit(ev.Crash(
-                cause=diagnosis.cause, remedy=diagnosis.remedy, phase=diagnosis.phase, exit_code=status.code,
-                signal=status.signal, evidence=tuple(diagnosis.evidence), evidence_lineno=diagnosis.evidence_lineno,
-                location=diagnosis.location, rank=diagnosis.rank, exc_type=diagnosis.exc_type,
-                exc_message=diagnosis.exc_message, mem_fraction_static=core.learned.fraction,
-                hicache_size_gb=core.learned.hicache_size_gb, attempt=core.attempt, next_mem_fraction_static=None,
-                next_hicache_size_gb=None, next_retry_s=None, consecutive_failures=core.failures + 1,
-                certain=diagnosis.certain, phase_source=diagnosis.phase_source, runner_up=diagnosis.runner_up,
-                min_fraction=diagnosis.min_fraction, part_died=core.part_died or None, log_cause=None, log_evidence=(),
+            crash = [] if s is State.RESTARTING and diagnosis.evidence[:1] == (GROUP_STOP,) else [Emit(_crash_event(
+                core, diagnosis, status, next_fraction=None, next_hicache_size_gb=None, next_retry_s=None,
+                failures=core.failures + 1,
             ))]
             return new, [*_cancel_run_timers(), *crash, *actions,
                          GroupReport(core.generation, diagnosis, status.describe())]
