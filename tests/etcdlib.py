@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import ssl
-import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -26,9 +23,7 @@ import pytest
 
 from tests.conftest import free_port
 from tests.mosquitto import TlsFiles
-
-START_S = 30.0  # etcd answers within ~1 s; the 2 shared cores may be busy with SGLang
-
+from tests.servicelib import LocalService
 
 SEARCH = ("/usr/bin", "/usr/sbin")  # where Debian puts them, should PATH be thin
 
@@ -43,8 +38,10 @@ def etcd_binary(name: str = "etcd") -> str:
     return path
 
 
-class EtcdServer:
+class EtcdServer(LocalService):
     """One etcd member on 127.0.0.1; ``endpoint`` is what clients connect to."""
+
+    what = "etcd"
 
     def __init__(self, directory: Path, *, tls: TlsFiles | None = None, client_cert_auth: bool = False) -> None:
         self.binary = etcd_binary()
@@ -58,30 +55,20 @@ class EtcdServer:
         self.endpoint = f"{scheme}://{host}:{self.client_port}"
         client_url = f"{scheme}://127.0.0.1:{self.client_port}"
         peer_url = f"http://127.0.0.1:{self.peer_port}"
-        self.argv = [
+        argv = [
             self.binary, "--name", "test", "--data-dir", str(directory / "data"),
             "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
             "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
             "--initial-cluster", f"test={peer_url}", "--logger", "zap", "--log-outputs", "stderr",
         ]
         if tls:
-            self.argv += ["--cert-file", str(tls.server_cert), "--key-file", str(tls.server_key)]
+            argv += ["--cert-file", str(tls.server_cert), "--key-file", str(tls.server_key)]
             if client_cert_auth:
-                self.argv += ["--client-cert-auth", "--trusted-ca-file", str(tls.ca_cert)]
-        self.log_file = directory / "etcd.log"
-        self._proc: subprocess.Popen[bytes] | None = None
+                argv += ["--client-cert-auth", "--trusted-ca-file", str(tls.ca_cert)]
+        super().__init__(argv, directory / "etcd.log", output_to_log=True, own_session=True)
 
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def log(self) -> str:
-        try:
-            return self.log_file.read_text(errors="replace")[-4000:]
-        except OSError:
-            return ""
-
-    def _healthy(self) -> bool:
+    def ready(self) -> bool:
+        """``/health`` says true."""
         url = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.client_port}/health"
         context = None
         if self.tls:
@@ -93,40 +80,6 @@ class EtcdServer:
                 return b'"health":"true"' in resp.read()
         except (OSError, urllib.error.URLError, ValueError):
             return False
-
-    def start(self, timeout: float = START_S) -> None:
-        """Starts etcd and waits until ``/health`` says true."""
-        if self.running:
-            return
-        with self.log_file.open("ab") as out:
-            self._proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                          start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while not self._healthy():
-            if self._proc.poll() is not None:
-                code, self._proc = self._proc.returncode, None
-                raise AssertionError(f"etcd exited with {code}:\n{self.log()}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise AssertionError(f"etcd did not answer /health within {timeout} s:\n{self.log()}")
-            time.sleep(0.05)
-
-    def stop(self, timeout: float = 15.0) -> None:
-        """Stops etcd (SIGTERM, then SIGKILL) and reaps it."""
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
 
 
 @pytest.fixture

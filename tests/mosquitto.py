@@ -30,6 +30,7 @@ from typing import Any
 import aiomqtt
 
 from tests.conftest import free_port, require_binary
+from tests.servicelib import LocalService
 
 
 @dataclass(frozen=True)
@@ -70,10 +71,11 @@ def _accepts(host: str, port: int) -> bool:
         return False
 
 
-class Broker:
+class Broker(LocalService):
     """A mosquitto process on 127.0.0.1:``port`` that can be stopped and started again."""
 
     host = "127.0.0.1"
+    what = "mosquitto"
 
     def __init__(
         self,
@@ -89,7 +91,7 @@ class Broker:
         self.port = free_port()
         self.log_file = directory / "mosquitto.log"
         self.conf = directory / "mosquitto.conf"
-        self._proc: subprocess.Popen[bytes] | None = None
+        super().__init__([self.binary, "-c", str(self.conf)], self.log_file, output_to_log=False)
         lines = [
             f"listener {self.port} {self.host}",
             # Running as root, mosquitto would switch to the "mosquitto" user and lose
@@ -115,56 +117,9 @@ class Broker:
             lines += ["persistence true", f"persistence_location {directory}/", "autosave_interval 1"]
         self.conf.write_text("\n".join(lines) + "\n")
 
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def log(self) -> str:
-        """The broker's own log (for failure messages)."""
-        try:
-            return self.log_file.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def start(self, timeout: float = 30.0) -> None:
-        """Start mosquitto and wait until it accepts TCP connections."""
-        if self.running:
-            return
-        self._proc = subprocess.Popen(
-            [self.binary, "-c", str(self.conf)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + timeout
-        while not _accepts(self.host, self.port):
-            if self._proc.poll() is not None:
-                code = self._proc.returncode
-                self._proc = None
-                raise RuntimeError(f"mosquitto exited with {code}:\n{self.log()}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"mosquitto did not listen within {timeout} s:\n{self.log()}")
-            time.sleep(0.05)
-
-    def stop(self, timeout: float = 15.0) -> None:
-        """Stop mosquitto (SIGTERM, then SIGKILL) and reap it."""
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-    async def astart(self) -> None:
-        """``start`` without blocking the event loop the code under test runs on."""
-        await asyncio.to_thread(self.start)
-
-    async def astop(self) -> None:
-        """``stop`` without blocking the event loop the code under test runs on."""
-        await asyncio.to_thread(self.stop)
+    def ready(self) -> bool:
+        """It accepts TCP connections."""
+        return _accepts(self.host, self.port)
 
     def __enter__(self) -> Broker:
         self.start()
