@@ -82,6 +82,7 @@ __all__ = ["EXIT_DAEMON_FAILED", "Daemon", "NullNotifier", "Ports", "wall_now"]
 EXIT_DAEMON_FAILED = 1
 # A rolling restart waits this long for a READY server to be back in the router.
 ROLL_ROUTER_WAIT_S = 30.0
+ROLL_ASK_ROUTER_S = 0.5  # how often a rolling restart asks the router whether the relaunched server is listed
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +289,7 @@ class Daemon:
             left = False
             ready_at: float | None = None
             loop = asyncio.get_running_loop()
+            asked_at = -ROLL_ASK_ROUTER_S
             while True:
                 await asyncio.sleep(0.05)
                 core = unit.core
@@ -300,6 +302,9 @@ class Daemon:
                     return
                 if core.state is State.READY and core.attempt > before:
                     ready_at = ready_at or loop.time()
+                    if loop.time() < asked_at + ROLL_ASK_ROUTER_S:
+                        continue  # the state is read every 50 ms; the router asked twice a second
+                    asked_at = loop.time()
                     if await unit.serving():
                         break
                     if loop.time() - ready_at > ROLL_ROUTER_WAIT_S:

@@ -181,6 +181,7 @@ class Night:
     leftovers: dict[str, list[int]] = field(default_factory=dict)
     exit_code: int | None = None
     restart_output: str = ""
+    config: Path | None = None  # the daemon's config (its state directory holds the night's journal)
 
     def conformance(self) -> dict[str, Any]:
         """What the simulator must reproduce: no timings."""
@@ -212,7 +213,7 @@ def _kill_part(d: DaemonRun, night: Night, key: str, launch: int, sig: int = sig
 def drive(config: Path, *, ready_timeout: float = 200.0) -> Night:
     """The scripted night on one daemon. Raises AssertionError (with the daemon's log tail) when
     a step does not happen in time; the daemon and its server are stopped in any case."""
-    night = Night()
+    night = Night(config=config)
     port = int(config_of(config)["server"]["port"])
     events_file = Path(config_of(config)["logging"]["memory_events"])
     d = DaemonRun(config)

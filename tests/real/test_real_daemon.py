@@ -8,11 +8,15 @@ servers run one at a time (the host-wide lock) and everything started is reaped.
 
 from __future__ import annotations
 
+import collections
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -89,6 +93,36 @@ def test_planned_stop_drains_requests_in_flight(night: nights.Night) -> None:
     assert night.failed["stop"] == 0, night.results["stop"]
     assert night.exit_code == 0
     assert night.leftovers["stop"] == []
+
+
+def test_the_morning_report_of_the_real_night(night: nights.Night, tmp_path) -> None:
+    """`sglang-supervisor report` over the real night's state directory: the journal the daemon
+    kept holds every launch and crash, the report counts each crash by its cause, reads the
+    KV pool from SGLang's own startup lines, and the launch argv (it may hold secrets) is not
+    in the journal. HTML and text, through the CLI as a user runs it."""
+    assert night.config is not None
+    state = Path(nights.config_of(night.config)["state"]["dir"])
+    journal = [json.loads(line) for line in (state / "journal.jsonl").read_text().splitlines()]
+    launches = [r for r in journal if r["kind"] == "launch"]
+    assert [r["attempt"] for r in launches] == [1, 2, 3, 4, 5] and all("argv" not in r for r in launches)
+    assert [r["cause"] for r in journal if r["kind"] == "crash"] == [c["cause"] for c in night.crashes]
+
+    def report(*args: str) -> str:
+        r = subprocess.run([sys.executable, "-m", "supervisor.cli", "report", "--config", str(night.config), *args],
+                           cwd=nights.REPO, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    text = report("--format", "text", "--since", "2h")
+    causes = collections.Counter(c["cause"] for c in night.crashes)
+    for cause, n in causes.items():
+        assert f"{cause} × {n}" in text, text
+    tokens = next(e for e in night.events if e.get("event") == "startup_facts")["max_total_num_tokens"]
+    assert f"{tokens:,} at " in text, text  # the KV pool of a rung, as SGLang's log said it
+    assert "launch #5" in text and "state now" in text and "STOPPED" in text
+    page = Path(report("-o", str(tmp_path / "night.html"), "--since", "2h").strip())
+    source = page.read_text()
+    assert "data:image/png;base64," in source and "host_oom" in source and "hang" in source
 
 
 # --- short daemons of their own -----------------------------------------------------------------
