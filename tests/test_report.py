@@ -265,3 +265,14 @@ def test_gpus_with_the_same_night_share_one_line():
     apart = Ring(indices=(0, 1, 4), total_mib=(98304,) * 3, sample_s=60, capacity=10, times=(1.0, 2.0),
                  free_mib=((1024, 1024, 2048), (1024, 1024, 4096)))
     assert gpu_series(apart) == [("GPU 0, 1", [1.0, 1.0]), ("GPU 4", [2.0, 4.0])]
+
+
+def test_an_event_line_says_only_what_the_log_said():
+    """A CPU server has no CUDA graphs: its startup facts carry the KV pool and no 'None GB'."""
+    from supervisor.report import event_line
+
+    assert event_line({"kind": "startup_facts", "max_total_num_tokens": 4096, "avail_mem_after_capture_gb": None}) == (
+        "startup facts: max_total_num_tokens=4096")
+    assert event_line({"kind": "startup_facts", "max_total_num_tokens": 258992, "avail_mem_after_capture_gb": 0.82}) == (
+        "startup facts: 0.82 GB after CUDA-graph capture, max_total_num_tokens=258992")
+    assert event_line({"kind": "startup_facts"}) == "startup facts: none read"

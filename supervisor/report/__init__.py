@@ -22,6 +22,7 @@ from supervisor.sinks.gpuring import Ring, read_ring
 from supervisor.sinks.journal import read_journal
 
 EVENT_ROWS_MAX = 300
+TEXT_ROWS_MAX = 40
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,9 +139,11 @@ def event_line(r: dict[str, Any]) -> str:
                 f" → {_fraction(g('next_mem_fraction_static'))}" + (f"; {str(ev)[:160]}" if ev else ""))
     if k == "restart_scheduled":
         return f"restart in {float(g('delay_s') or 0):.1f} s at mem_fraction_static={_fraction(g('mem_fraction_static'))}"
-    if k == "startup_facts":
-        return (f"startup facts: {g('avail_mem_after_capture_gb')} GB after CUDA-graph capture, "
-                f"max_total_num_tokens={g('max_total_num_tokens')}")
+    if k == "startup_facts":  # what SGLang's log said; a CPU server has no CUDA graphs
+        said = [f"{g('avail_mem_after_capture_gb')} GB after CUDA-graph capture"] * (
+            g("avail_mem_after_capture_gb") is not None)
+        said += [f"max_total_num_tokens={g('max_total_num_tokens')}"] * (g("max_total_num_tokens") is not None)
+        return "startup facts: " + (", ".join(said) or "none read")
     if k == "gave_up":
         return f"gave up: {g('reason')}"
     skip = {"t", "ts", "kind", "instance", "host", "server", "ranks", "evidence", "log_evidence"}
@@ -173,8 +176,10 @@ def text(nights: Sequence[ServerNight], *, tz: tzinfo, title: str) -> str:
         width = max(len(k) for k, _ in summary_rows(sn))
         lines += [f"  {k:<{width}}  {v}" for k, v in summary_rows(sn)]
         lines.append("")
-        lines.append("The night:")
-        for r in notable(sn.records)[-40:]:
+        shown = notable(sn.records)
+        lines.append("The night:" if len(shown) <= TEXT_ROWS_MAX else
+                     f"The night (its last {TEXT_ROWS_MAX} of {len(shown)} events; the HTML report shows up to {EVENT_ROWS_MAX}):")
+        for r in shown[-TEXT_ROWS_MAX:]:
             lines.append(f"  {datetime.fromtimestamp(float(r['t']), tz):%H:%M:%S}  {event_line(r)}")
         lines.append("")
     return "\n".join(lines)

@@ -119,7 +119,7 @@ def test_the_morning_report_of_the_real_night(night: nights.Night, tmp_path) -> 
         assert f"{cause} × {n}" in text, text
     tokens = next(e for e in night.events if e.get("event") == "startup_facts")["max_total_num_tokens"]
     assert f"{tokens:,} at " in text, text  # the KV pool of a rung, as SGLang's log said it
-    assert "launch #5" in text and "state now" in text and "STOPPED" in text
+    assert "launch #5" in text and "state now" in text and "STOPPED" in text and "None GB" not in text
     page = Path(report("-o", str(tmp_path / "night.html"), "--since", "2h").strip())
     source = page.read_text()
     assert "data:image/png;base64," in source and "host_oom" in source and "hang" in source
