@@ -424,7 +424,9 @@ def daemon_killed_mid_startup(t: Trial) -> None:
        "state intact: the new daemon launches at the learned 0.88, not the configured 0.93; serving",
        "the daemon's death")
 def daemon_killed_mid_backoff(t: Trial) -> None:
-    t.configure({"policy": {"backoff_initial_s": 5.0, "backoff_max_s": 5.0}}, sim_args=_fail_after("runtime_oom", 0.3))
+    # The OOM comes 2 s into serving, every launch: the new daemon must see its server READY at
+    # 0.88 before that (0.3 s was missed on a loaded machine: the probe came after the crash).
+    t.configure({"policy": {"backoff_initial_s": 5.0, "backoff_max_s": 5.0}}, sim_args=_fail_after("runtime_oom", 2.0))
     d1 = t.start()
     d1.wait_for("restart_scheduled")
     killed_at = t.kill(d1)
