@@ -41,7 +41,7 @@ from supervisor.adapters.ports import (
 )
 from supervisor.core import events as ev
 from supervisor.core import machine
-from supervisor.core.config import Config, ConfigError, server_configs, unit_name
+from supervisor.core.config import Config, ConfigError, alert_instance, server_configs, unit_name
 from supervisor.core.machine import Boot, Core
 from supervisor.core.model import State
 from supervisor.unit import ServerUnit, wall_now
@@ -106,7 +106,7 @@ class Daemon:
         self.cfg = cfg
         self.p = ports
         self.log = ports.logger
-        self.instance = cfg.mqtt.instance or cfg.name
+        self.instance = alert_instance(cfg)
         self.exit_code: int | None = None
         self._queue: asyncio.Queue[tuple[ServerUnit, machine.Event] | _TaskFailed] = asyncio.Queue()
         self._tasks: set[asyncio.Task[Any]] = set()

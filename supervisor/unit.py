@@ -40,7 +40,7 @@ from supervisor.adapters.ports import (
 )
 from supervisor.core import events as ev
 from supervisor.core import machine
-from supervisor.core.config import Config, unit_name, worker_url
+from supervisor.core.config import Config, alert_instance, unit_name, worker_url
 from supervisor.core.diagnosis import diagnose
 from supervisor.core.machine import (
     CancelTimer,
@@ -128,7 +128,7 @@ class ServerUnit:
         self.gpu_probe = gpu_probe
         self.sinks = tuple(sinks)
         self.log = ports.logger.bind(server=label) if label else ports.logger
-        self.instance = cfg.mqtt.instance or cfg.name
+        self.instance = alert_instance(cfg)
         self.core: Core | None = None
         self.server: ServerHandle | None = None
         self.exit_code: int | None = None

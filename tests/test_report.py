@@ -251,6 +251,10 @@ def test_a_section_per_server(tmp_path):
     source = page.read_text()
     assert '<section id="server-tp4-a">' in source and '<section id="server-tp4-b">' in source
     assert source.count("data:image/png;base64,") == 2
+    one = run_cli("report", "--config", str(config), "--server", "tp4-a", "--since", "3000d", "--format", "text")
+    assert one.returncode == 0 and "cuda_oom_runtime × 1" in one.stdout and "tp4-b" not in one.stdout, one.stderr
+    none = run_cli("report", "--config", str(config), "--server", "tp4-b", "--format", "text")
+    assert none.returncode == 1 and f"no journal in {tmp_path / 'state' / 'tp4-b'}" in none.stderr
 
 
 def test_gpus_with_the_same_night_share_one_line():

@@ -212,6 +212,17 @@ class EtcdClient:
                 raise self._error(op, f"no answer within {self.timeout_s:g} s") from None
         raise AssertionError("unreachable")
 
+    @contextlib.asynccontextmanager
+    async def _stream_errors(self, op: str) -> AsyncIterator[None]:
+        """A stream's failure as one ``EtcdError`` (``_call``'s mapping, without its retry)."""
+        grpc, _ = _client_modules()
+        try:
+            yield
+        except grpc.aio.AioRpcError as exc:
+            raise await self._failed(op, exc) from None
+        except TimeoutError:
+            raise self._error(op, f"no answer within {self.timeout_s:g} s") from None
+
     async def _failed(self, op: str, exc: Any) -> EtcdError:
         """The error for a failed RPC, after the channel is fixed for the next call: a stale
         auth token (etcd forgets them on restart) closes it, so the next call logs in again;
@@ -290,12 +301,8 @@ class EtcdClient:
         call = self._stubs["lease"].LeaseKeepAlive(
             iter([rpc.LeaseKeepAliveRequest(ID=lease.id)]), timeout=self.timeout_s, metadata=self._metadata())
         try:
-            async with asyncio.timeout(self.timeout_s + 1):
+            async with self._stream_errors(op), asyncio.timeout(self.timeout_s + 1):
                 reply = await call.read()
-        except grpc.aio.AioRpcError as exc:
-            raise await self._failed(op, exc) from None
-        except TimeoutError:
-            raise self._error(op, f"no answer within {self.timeout_s:g} s") from None
         finally:
             call.cancel()
         if reply is grpc.aio.EOF:
@@ -389,29 +396,26 @@ class EtcdClient:
 
         call = self._stubs["watch"].Watch(requests(), metadata=self._metadata())
         try:
-            async with asyncio.timeout(self.timeout_s):
-                first = await call.read()
-            if first is grpc.aio.EOF or not first.created:
-                raise self._error(op, "etcd did not confirm the watch")
-            responses = [first]
-            while True:
-                for resp in responses:
-                    if resp.compact_revision:
-                        raise self._error(op, f"revision {start_revision} is compacted (oldest kept: "
-                                              f"{resp.compact_revision})")
-                    if resp.canceled:
-                        raise self._error(op, f"etcd cancelled the watch: {resp.cancel_reason or 'no reason given'}")
-                    for ev in resp.events:
-                        kind: Literal["put", "delete"] = "delete" if ev.type == rpc.Event.DELETE else "put"
-                        yield WatchEvent(kind, ev.kv.key.decode(), ev.kv.value, int(ev.kv.mod_revision))
-                resp = await call.read()
-                if resp is grpc.aio.EOF:
-                    raise self._error(op, "etcd closed the watch stream")
-                responses = [resp]
-        except grpc.aio.AioRpcError as exc:
-            raise await self._failed(op, exc) from None
-        except TimeoutError:
-            raise self._error(op, f"no answer within {self.timeout_s:g} s") from None
+            async with self._stream_errors(op):
+                async with asyncio.timeout(self.timeout_s):
+                    first = await call.read()
+                if first is grpc.aio.EOF or not first.created:
+                    raise self._error(op, "etcd did not confirm the watch")
+                responses = [first]
+                while True:
+                    for resp in responses:
+                        if resp.compact_revision:
+                            raise self._error(op, f"revision {start_revision} is compacted (oldest kept: "
+                                                  f"{resp.compact_revision})")
+                        if resp.canceled:
+                            raise self._error(op, f"etcd cancelled the watch: {resp.cancel_reason or 'no reason given'}")
+                        for ev in resp.events:
+                            kind: Literal["put", "delete"] = "delete" if ev.type == rpc.Event.DELETE else "put"
+                            yield WatchEvent(kind, ev.kv.key.decode(), ev.kv.value, int(ev.kv.mod_revision))
+                    resp = await call.read()
+                    if resp is grpc.aio.EOF:
+                        raise self._error(op, "etcd closed the watch stream")
+                    responses = [resp]
         finally:
             held.set()
             call.cancel()

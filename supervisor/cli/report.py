@@ -10,6 +10,7 @@ pictures need the ``[report]`` extra (matplotlib); the text does not.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import socket
 import sys
 import time
@@ -36,12 +37,14 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
     except ValueError as exc:
         return fail(f"--since {exc}")
     units = select_server(cfg, args.server)
+    if cfg.units:
+        cfg = dataclasses.replace(cfg, units=units)  # --server: that server's section only
     if not any(journal_paths(unit.state.dir) for unit in units):
         where = ", ".join(sorted({unit.state.dir for unit in units}))
         return fail(f"no journal in {where}: the daemon writes {JOURNAL} there while it runs with this config "
                     "([report] enabled = true, the default)", 1)
     try:
-        path = write_report(cfg, fmt=args.format, output=args.output, since_s=since_s, server=args.server)
+        path = write_report(cfg, fmt=args.format, output=args.output, since_s=since_s)
     except OSError as exc:
         return fail(f"-o {args.output or 'report.' + args.format}: cannot write: {exc.strerror or exc}", 1)
     if path is not None:
@@ -49,20 +52,16 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
     return 0
 
 
-def write_report(cfg: Config, *, fmt: str, output: str | None, since_s: float, server: str | None = None,
+def write_report(cfg: Config, *, fmt: str, output: str | None, since_s: float,
                  now: float | None = None) -> Path | None:
-    """Write the report; its path (None: text to stdout). Raises ``ConfigError`` for a
-    missing extra or an unknown server, like the other commands' bad input."""
-    import dataclasses
-
+    """Write the report of each server in ``cfg``; its path (None: text to stdout). Raises
+    ``ConfigError`` for a missing extra, like the other commands' bad input."""
     from supervisor import report
     from supervisor.core.config import ConfigError
+    from supervisor.daily import zone
 
-    if server is not None:
-        chosen = select_server(cfg, server)
-        cfg = dataclasses.replace(cfg, units=chosen) if cfg.units else cfg
-    now = time.time() if now is None else now
-    tz = report.local_zone(cfg)
+    now = time.time() if now is None else now  # wall time: the journal's records carry wall times
+    tz = zone(cfg.report.timezone)  # the daily summary's zone too
     nights = report.collect(cfg, since_s=since_s, now=now, tz=tz)
     host = socket.gethostname().split(".")[0]
     title = f"sglang-supervisor: the night of {cfg.name} on {host}"

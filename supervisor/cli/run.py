@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from supervisor.core.config import Config, ConfigError, load_config, server_configs, unit_name
+from supervisor.core.config import Config, ConfigError, alert_instance, load_config, server_configs, unit_name
 
 if TYPE_CHECKING:
     from supervisor.adapters.router import RouterClient
@@ -53,7 +53,6 @@ async def run_daemon_async(
     fleet_store = etcd_client(cfg, "[fleet]") if cfg.fleet.enabled else None
     logger = logs.configure(cfg.logging.format, cfg.logging.level, log_stream)
     host = socket.gethostname()
-    instance = cfg.mqtt.instance or cfg.name
     metrics_server = None
     alerters: list[MqttAlerter] = []
     registries: dict[str, CollectorRegistry] = {}
@@ -76,7 +75,7 @@ async def run_daemon_async(
         if cfg.report.enabled:
             own.extend(report_sinks(unit, logger))
         if cfg.mqtt.enabled:
-            alerter = build_alerter(unit, host=host, instance=f"{instance}-{name}" if cfg.units else instance,
+            alerter = build_alerter(unit, host=host, instance=alert_instance(cfg, unit),
                                     logger=logger, metrics=metrics)
             await alerter.start()
             alerters.append(alerter)

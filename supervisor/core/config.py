@@ -401,6 +401,13 @@ def unit_name(cfg: Config) -> str:
     return cfg.server.name or cfg.name
 
 
+def alert_instance(cfg: Config, unit: Config | None = None) -> str:
+    """The MQTT instance alerts name: ``[mqtt] instance``, else the config's name; with several
+    ``[[server]]`` entries, each server's own (``kimi-tp4-a``) for ``unit``."""
+    base = cfg.mqtt.instance or cfg.name
+    return f"{base}-{unit_name(unit)}" if unit is not None and cfg.units else base
+
+
 def select_server(cfg: Config, name: str | None) -> tuple[Config, ...]:
     """The servers ``--server NAME`` picks (all of them for None); an unknown name is a
     ``ConfigError`` naming the known ones."""

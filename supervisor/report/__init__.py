@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, tzinfo
 from typing import Any
 
-from supervisor.core.config import Config, server_configs, unit_name
+from supervisor.core.config import Config, alert_instance, server_configs, unit_name
 from supervisor.core.night import Night, summarize
 from supervisor.sinks.alerts import Context, describe
 from supervisor.sinks.gpuring import Ring, read_ring
@@ -35,13 +35,6 @@ class ServerNight:
     ring: Ring | None
     todo: tuple[str, ...]
     records: tuple[dict[str, Any], ...]
-
-
-def local_zone(cfg: Config) -> tzinfo:
-    """``[report] timezone``, else the host's (``daily.zone``: the daily summary's zone too)."""
-    from supervisor.daily import zone
-
-    return zone(cfg.report.timezone)
 
 
 def clock_time(t: float, tz: tzinfo) -> str:
@@ -71,9 +64,7 @@ def collect(cfg: Config, *, since_s: float, now: float, tz: tzinfo) -> list[Serv
     for unit in units:
         records = [r for r in read_journal(unit.state.dir) if r["t"] <= now]
         night = summarize(records, start=now - since_s, end=now, floor=unit.policy.fraction_ladder[-1])
-        instance = cfg.mqtt.instance or cfg.name
-        if cfg.units:
-            instance = f"{instance}-{unit_name(unit)}"
+        instance = alert_instance(cfg, unit)
         inside = tuple(r for r in records if r["t"] >= night.start)
         nights.append(ServerNight(
             name=unit_name(unit), state_dir=unit.state.dir, night=night,
