@@ -158,8 +158,10 @@ class DaemonRun:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        # Long enough for a stop that waits out its server's stop_grace_s (a group node >= 1
+        # ignores SIGTERM): a daemon left running would leave its server to the next test.
         if self.proc.poll() is None:
-            self.stop()
+            self.stop(timeout=120)
         self._log.close()
 
 

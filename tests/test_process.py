@@ -105,6 +105,34 @@ async def test_a_descendant_that_left_the_group_is_killed_too(tmp_path, no_lefto
     assert gone()
 
 
+async def test_a_fork_of_a_part_is_not_a_part(tmp_path, no_leftovers):
+    """A scheduler's own fork (a compile worker, a subprocess before its exec) carries the
+    scheduler's title: it is not watched as a part, so its end is never read as the
+    scheduler's death (seen on the real two-node group: a healthy node relaunched)."""
+    scheduler = (
+        "import os, time, setproctitle\n"
+        "setproctitle.setproctitle('sglang::scheduler_TP1')\n"
+        "if os.fork() == 0:\n"
+        "    time.sleep(60); os._exit(0)\n"
+        "print('up', flush=True); time.sleep(60)"
+    )
+    code = f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {scheduler!r}])\ntime.sleep(60)"
+    server = await _spawn(tmp_path, code)
+    seen: list[str] = []
+    server.on_line = seen.append
+    while not seen:
+        await asyncio.sleep(0.02)
+    kids = psutil.Process(server.pid).children(recursive=True)
+    titled = [k.pid for k in kids if k.cmdline()[:1] == ["sglang::scheduler_TP1"]]
+    assert len(titled) == 2  # the scheduler and its fork, both titled
+    parts = await asyncio.to_thread(server.scan_descendants)
+    assert [title for _, title in parts] == ["sglang::scheduler_TP1"]
+    ((pid, _),) = parts
+    assert psutil.Process(pid).ppid() not in titled  # the scheduler itself, not its fork
+    await server.stop(grace_s=0.2)
+    await server.close()
+
+
 async def test_a_missing_command_is_a_process_error(tmp_path):
     """An argv[0] that does not exist is reported, not raised as OSError."""
     from supervisor.adapters.process import ProcessError

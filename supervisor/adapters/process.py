@@ -348,14 +348,15 @@ class ServerProcess:
             kids = psutil.Process(self.pid).children(recursive=True)
         except psutil.Error:
             kids = []
-        parts = []
+        seen: dict[int, tuple[str, int]] = {}  # pid -> (part title, parent pid)
         for k in kids:
             with contextlib.suppress(psutil.Error):
                 self._known[k.pid] = k.create_time()
-                title = _part_title(k)
-                if title:
-                    parts.append((k.pid, title))
-        return parts
+                seen[k.pid] = (_part_title(k), k.ppid())
+        # A part's own fork (a compile worker, a subprocess before its exec) carries its
+        # parent's title for a while: it is not a part, and its end is not the part's death.
+        return [(pid, title) for pid, (title, ppid) in seen.items()
+                if title and seen.get(ppid, ("", 0))[0] != title]
 
     def watch_parts(self, parts: Sequence[tuple[int, str]]) -> None:
         """Watch each part's pidfd (on the loop): its death calls ``on_part_died`` once."""
