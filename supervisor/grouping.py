@@ -288,6 +288,7 @@ class _Leader:
         self.grace_until = self.now() + sync.group.lease_ttl_s
         self.ended_seen: dict[int, float] = {}
         self.ready_since: dict[int, float] = {}
+        self.running_since: dict[int, float] = {}  # generation -> when this leader first saw it running
 
     async def decide(self) -> None:
         s = self.s
@@ -316,7 +317,10 @@ class _Leader:
             first = min(reports.values(), key=lambda kv: kv.create_revision)
             d = json.loads(first.value)
             why = f"node {d.get('node_rank')}: {d.get('diagnosis', {}).get('cause', 'other')}"
-        elif self.now() > self.grace_until:
+        elif self.now() > max(self.grace_until, self.running_since.setdefault(gen.number, self.now())
+                              + self.s.group.lease_ttl_s):
+            # A node absent when a generation starts (its daemon being restarted) gets one
+            # lease TTL to join it before it is lost, as every node does when a leader starts.
             lost = [r for r in range(self.s.group.nnodes) if r not in nodes]
             if lost:
                 lost_node = lost[0]

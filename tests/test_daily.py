@@ -84,12 +84,15 @@ class FakeClock:
     def __init__(self, t: float) -> None:
         self.t = t
         self.slept: list[float] = []
+        self.frozen = False  # set: the next sleep never returns (time stops until the task is cancelled)
 
     def __call__(self) -> float:
         return self.t
 
     async def sleep(self, seconds: float) -> None:
         assert 0 < seconds <= daily.STEP_S
+        if self.frozen:
+            await asyncio.Event().wait()
         self.slept.append(seconds)
         self.t += seconds
         await asyncio.sleep(0)
@@ -102,8 +105,12 @@ async def test_summaries_come_at_0830_local_time_across_the_spring_change(tmp_pa
     clock = FakeClock(START)
     got: list[tuple[str, float, ev.DailySummary]] = []
     cfg = cfg_for(tmp_path, daily_at="08:30", timezone="Europe/Paris")
-    task = asyncio.create_task(daily.run(lambda: cfg, lambda name, e: got.append((name, clock.t, e)), clock=clock,
-                                         sleep=clock.sleep))
+
+    def emit(name: str, e: ev.DailySummary) -> None:
+        got.append((name, clock.t, e))
+        clock.frozen = len(got) >= 2  # no third day before the test looks
+
+    task = asyncio.create_task(daily.run(lambda: cfg, emit, clock=clock, sleep=clock.sleep))
     while len(got) < 2:
         await asyncio.sleep(0.01)
     task.cancel()

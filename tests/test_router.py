@@ -92,7 +92,10 @@ async def test_add_list_remove_readd(start_router: Callable[..., str],
 
         wid = await client.add(worker_url)
         uuid.UUID(wid)  # the router's ids are UUIDs
-        listed = await wait_listed(client, by_id(wid), "the added worker")
+        # Listed first, then healthy once the router's own health check of it passes (under
+        # load it was seen listed and not yet healthy): wait for both.
+        listed = await wait_listed(client, lambda ws: (w := by_id(wid)(ws)) is not None and w.healthy and w,
+                                   "the added worker, healthy")
         assert listed == RouterWorker(id=wid, url=worker_url, healthy=True, load=0)
         assert [w.id for w in await client.list_workers()] == [wid]  # the ghost is not listed
         assert ghost_id != wid
