@@ -11,6 +11,7 @@ same clock. supervisord logs wall-clock times; ``mono_minus_wall`` converts them
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -244,14 +245,19 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str, interval: 
         time.sleep(interval)
 
 
-def stop_process(proc: subprocess.Popen[Any], timeout: float = 30.0) -> int:
-    """SIGTERM, wait, SIGKILL if needed; always reaps."""
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 30.0, *, group: bool = False) -> int:
+    """SIGTERM, wait, SIGKILL if needed (its whole process group with ``group``: it was
+    started in a session of its own); always reaps."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
             return proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            if group:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
     return proc.wait(10)
 
 
@@ -359,6 +365,7 @@ class Daemon:
             stderr=self._log,
             cwd=work,
             env={**os.environ, **child_env(settings)},
+            start_new_session=True,  # its own process group: killed whole if it hangs on stop
         )
         self.pid = self.proc.pid
 
@@ -394,10 +401,16 @@ class Daemon:
         return self.log_path.read_text(errors="replace")[-n:]
 
     def stop(self) -> int:
+        """SIGTERM; a daemon past its own shutdown deadline (and slack) is SIGKILLed with its
+        group and the run fails with what it said was pending."""
         try:
-            return stop_process(self.proc)
+            code = stop_process(self.proc, timeout=90.0, group=True)
         finally:
             self._log.close()
+        if code == -signal.SIGKILL:
+            said = next((line for line in self.tail(20000).splitlines() if "shutdown_overdue" in line), "")
+            raise BenchError(f"the daemon did not exit after SIGTERM (SIGKILLed): {said or self.tail()}")
+        return code
 
 
 def state_left(*states: str) -> Callable[[dict[str, Any]], bool]:

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -39,6 +41,7 @@ from supervisor.adapters.ports import (
     Store,
     StoreError,
 )
+from supervisor.aio import cancel_and_wait, where, within
 from supervisor.core import events as ev
 from supervisor.core import machine
 from supervisor.core.config import Config, ConfigError, alert_instance, server_configs, unit_name
@@ -75,11 +78,31 @@ async def watchdog_loop(
         await sleep(interval_s)
 
 
-__all__ = ["EXIT_DAEMON_FAILED", "Daemon", "NullNotifier", "Ports", "wall_now"]
+__all__ = ["EXIT_DAEMON_FAILED", "EXIT_SHUTDOWN_OVERDUE", "Daemon", "NullNotifier", "Ports", "shutdown_deadline_s",
+           "wall_now"]
+
+
+def shutdown_deadline_s(cfg: Config) -> float:
+    """How long a stop may take, from the request to the process's end: the slowest
+    server's planned stop (out of the router, then drained for ``stop_grace_s``) plus
+    ``SHUTDOWN_MARGIN_S``. systemd's ``TimeoutStopSec`` must be longer (docs/systemd.md)."""
+    slowest = max(u.server.stop_grace_s + (u.router.remove_wait_s if u.router.enabled else 0.0)
+                  for u in server_configs(cfg))
+    return slowest + SHUTDOWN_MARGIN_S
 
 # A background task failed: the daemon stopped its server and exits with this code, which
 # systemd's Restart=on-failure restarts (2 is reserved for "a restart cannot help").
 EXIT_DAEMON_FAILED = 1
+# The shutdown ran past its deadline: `shutdown_overdue` names what was still pending, and
+# the process ends at once with this code (systemd sees a failed stop, not a hung one).
+EXIT_SHUTDOWN_OVERDUE = 3
+# A shutdown may take each server's drain (router removal, then stop_grace_s) plus this:
+# the SIGKILL and reaping, the last alerts (MqttAlerter.aclose: 5 s), etcd's lease revoked.
+SHUTDOWN_MARGIN_S = 15.0
+# Past the deadline the retained `offline` gets this long; a loop too blocked to run the
+# deadline at all is ended by faulthandler (every thread's stack, exit 1) this much later.
+OFFLINE_WAIT_S = 3.0
+BLOCKED_LOOP_GRACE_S = 10.0
 # A rolling restart waits this long for a READY server to be back in the router.
 ROLL_ROUTER_WAIT_S = 30.0
 ROLL_ASK_ROUTER_S = 0.5  # how often a rolling restart asks the router whether the relaunched server is listed
@@ -115,6 +138,8 @@ class Daemon:
         self._closing = False
         self._rolling: asyncio.Task[None] | None = None
         self._reaper: ReaperHandle | None = None
+        self._deadline: asyncio.TimerHandle | None = None  # the shutdown's, armed by the first stop request
+        self._stop_requested_at: float | None = None
         self.units = [self._unit(u) for u in server_configs(cfg)]
 
     def _unit(self, cfg: Config) -> ServerUnit:
@@ -252,6 +277,7 @@ class Daemon:
                                    returncodes=tuple(r.returncode for r in reaped)))
 
     def request_stop(self, reason: str) -> None:
+        self._arm_deadline()
         if self._rolling is not None:
             self._rolling.cancel()
         for unit in self.units:
@@ -401,6 +427,7 @@ class Daemon:
 
     async def _shutdown(self) -> None:
         self._closing = True  # a task failing from here on is only logged
+        self._arm_deadline()
         self.p.notifier.stopping()
         if self._control is not None:
             await self._control.close()
@@ -410,15 +437,56 @@ class Daemon:
             reason = f"task {self._failure.task} failed: {self._failure.error!r}"[:300]
         self.emit(ev.DaemonStopping(reason=reason))
         await asyncio.gather(*(u.leave() for u in self.units))
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        # A task that ignores its cancellation holds this until the deadline says so.
+        await cancel_and_wait(list(self._tasks))
         for unit in self.units:
             await unit.close()
         if self._reaper is not None:
             self._reaper.close()
+
+    # -- the shutdown's deadline ----------------------------------------------------------
+
+    def _arm_deadline(self) -> None:
+        """From the first stop request (or the daemon leaving on its own), the whole stop,
+        sinks included, has ``shutdown_deadline_s``; ``disarm`` when the process may end."""
+        if self._deadline is not None:
+            return
+        loop = asyncio.get_running_loop()
+        seconds = shutdown_deadline_s(self.cfg)
+        self._stop_requested_at = loop.time()
+        self._deadline = loop.call_later(seconds, self._overdue, seconds)
+        if self.p.hard_exit is not None:
+            # A loop too blocked to run the timer above: every thread's stack, then exit 1.
+            faulthandler.dump_traceback_later(seconds + OFFLINE_WAIT_S + BLOCKED_LOOP_GRACE_S, exit=True)
+
+    def disarm(self) -> None:
+        """Everything is closed (the CLI's sinks too): the stop kept its deadline."""
+        if self._deadline is not None:
+            self._deadline.cancel()
+        if self.p.hard_exit is not None:
+            faulthandler.cancel_dump_traceback_later()
+
+    def _overdue(self, seconds: float) -> None:
+        """The stop ran past its deadline: one line naming every task still pending and
+        where it waits, the retained ``offline`` if it can go, then the process ends."""
+        pending = sorted((t for t in asyncio.all_tasks() if not t.done()), key=lambda t: t.get_name())
+        self.log.error("shutdown_overdue", deadline_s=seconds, exit_code=EXIT_SHUTDOWN_OVERDUE,
+                       pending=[where(t) for t in pending])
+        self.exit_code = EXIT_SHUTDOWN_OVERDUE
+        asyncio.get_running_loop().create_task(self._leave_now(), name="shutdown-overdue")
+
+    async def _leave_now(self) -> None:
+        if self.p.publish_offline is not None:
+            try:
+                await within(self.p.publish_offline(OFFLINE_WAIT_S), OFFLINE_WAIT_S)
+            except Exception as exc:  # noqa: BLE001 - leaving anyway; the broker's Last Will says offline too
+                self.log.warning("offline_not_published", error=repr(exc)[:200])
+        if self.p.hard_exit is None:
+            return  # embedded in another program (tests): the line is said, the process is not ours to end
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+            sys.stdout.flush()
+        self.p.hard_exit(EXIT_SHUTDOWN_OVERDUE)
 
 
 def _version() -> str:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from supervisor.adapters.ports import FleetStore, GpuInfo, VersionReader
+from supervisor.aio import within
 from supervisor.core import events as ev
 from supervisor.core.config import Config
 from supervisor.core.fleet import FleetOom, FleetRecord, fleet_identity, fleet_key, merge
@@ -110,7 +111,7 @@ class FleetSync:
         try:
             self.key = ""
             self.key = await self._key(cfg, gpus)
-            entry = await asyncio.wait_for(self._store.get(self.key), self._timeout_s)
+            entry = await within(self._store.get(self.key), self._timeout_s)
             if entry is None:
                 return FleetAdvice(self.key)
             record = FleetRecord.from_json(self.key, entry.value)
@@ -184,7 +185,7 @@ class FleetSync:
             self._error(op, why, key=key, retry_s=round(delay, 3), pending=len(entries))
             # A new lesson (or the next launch's new key) tries again at once.
             try:
-                await asyncio.wait_for(self._kick.wait(), delay)
+                await within(self._kick.wait(), delay)
                 failures = 0
             except TimeoutError:
                 pass
@@ -211,7 +212,7 @@ class FleetSync:
     async def _merge(self, key: str, ooms: Sequence[FleetOom]) -> tuple[FleetRecord, int]:
         """Read, merge, compare-and-swap; again while another daemon wrote in between."""
         for conflicts in range(CAS_TRIES):
-            entry = await asyncio.wait_for(self._store.get(key), self._timeout_s)
+            entry = await within(self._store.get(key), self._timeout_s)
             old = None
             if entry is not None:
                 try:
@@ -220,7 +221,7 @@ class FleetSync:
                     old = None  # not a record of ours: replaced by one (compare-and-swapped all the same)
             record = merge(old, key, ooms, self._wall_now())
             revision = 0 if entry is None else entry.mod_revision
-            written = await asyncio.wait_for(self._store.put_if(key, record.to_json(), revision), self._timeout_s)
+            written = await within(self._store.put_if(key, record.to_json(), revision), self._timeout_s)
             if written is not None:
                 return record, conflicts
         raise FleetUnavailable("write", f"{key}: {CAS_TRIES} writers in a row were first")

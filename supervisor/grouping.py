@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from supervisor.adapters.ports import Etcd, EtcdError, KeyValue, Lease
+from supervisor.aio import cancel_and_wait, within
 from supervisor.core import events as ev
 from supervisor.core.config import Config
 from supervisor.core.fleet import parse_flags
@@ -133,7 +134,7 @@ class GroupSync:
         lease, self._lease = self._lease, None
         if lease is not None:
             with contextlib.suppress(EtcdError, TimeoutError):
-                await asyncio.wait_for(self._etcd.revoke(lease), self.cfg.etcd.timeout_s)
+                await within(self._etcd.revoke(lease), self.cfg.etcd.timeout_s)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -179,11 +180,7 @@ class GroupSync:
             for task in done:
                 task.result()  # an EtcdError ends the session
         finally:
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError, EtcdError):
-                    await task
+            await cancel_and_wait(tasks)
 
     async def _watch(self) -> None:
         """Every change under the group's prefix wakes the follower and the leader."""
@@ -194,7 +191,7 @@ class GroupSync:
         """Write what we owe (our node key, reports), read the group, react as a node."""
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), TICK_S)
+                await within(self._kick.wait(), TICK_S)
             self._kick.clear()
             await self._write_own()
             await self.refresh()

@@ -29,6 +29,7 @@ import random
 from collections.abc import Callable
 
 from supervisor.adapters.ports import Router, RouterError
+from supervisor.aio import within
 from supervisor.core.events import Event, RouterCallFailed, RouterRegistered, RouterRemoved
 from supervisor.core.policy import exponential_backoff
 
@@ -160,7 +161,7 @@ class RouterSync:
         while True:
             if delay > 0:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._kick.wait(), delay)
+                    await within(self._kick.wait(), delay)
             self._kick.clear()
             recheck, self._recheck = self._recheck, False
             ok = await self.reconcile()

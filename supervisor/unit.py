@@ -38,6 +38,7 @@ from supervisor.adapters.ports import (
     Store,
     StoreError,
 )
+from supervisor.aio import settled, within
 from supervisor.core import events as ev
 from supervisor.core import machine
 from supervisor.core.config import Config, alert_instance, unit_name, worker_url
@@ -454,9 +455,8 @@ class ServerUnit:
         return False, f"port {port} answered by pid {', '.join(map(str, sorted(holders)))}, not our server"
 
     async def _stop_server(self, grace_s: float, reason: str, mode: StopMode = StopMode.DRAIN) -> None:
-        if self._launch_task is not None and not self._launch_task.done():
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._launch_task
+        if self._launch_task is not None:
+            await settled(self._launch_task)
         server = self.server
         if server is None:
             # Nothing was running (the launch failed or had not happened): report it gone.
@@ -473,8 +473,8 @@ class ServerUnit:
         removal = self._router_removal
         if removal is None or removal.done():
             return
-        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(asyncio.shield(removal), self.cfg.router.remove_wait_s)
+        with contextlib.suppress(TimeoutError):
+            await within(settled(removal), self.cfg.router.remove_wait_s)
 
     # -- state ------------------------------------------------------------------------------
 
@@ -602,15 +602,14 @@ class ServerUnit:
         the router first). Its tasks are cancelled by the daemon next, then ``close``."""
         for name in list(self._timers):
             self._cancel_timer(name)
-        if self._launch_task is not None and not self._launch_task.done():
+        if self._launch_task is not None:
             # A launch in flight (leaving after a failure): its server must not be missed below.
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._launch_task
+            await settled(self._launch_task)
         server = self.server
         if server is not None and server.returncode is None:
             if self._router is not None and self._router.wanted:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
+                    await within(
                         self._router.take_out("the daemon is leaving", asyncio.get_running_loop().time()),
                         self.cfg.router.remove_wait_s,
                     )

@@ -122,4 +122,5 @@ def no_leftovers() -> Iterator[str]:
         pytest.fail(f"leftover processes: {described}")
 
 
+from tests.leftovers import pytest_configure, pytest_sessionfinish  # noqa: E402,F401 - the end-of-run check
 from tests.routerlib import start_router  # noqa: E402,F401 - the real SGLang router, a fixture

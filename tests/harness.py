@@ -5,6 +5,7 @@ Every daemon gets free ports, its own state and simulated-GPU directories, and a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -22,9 +23,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _test_id_env() -> dict[str, str]:
-    """The running test's id (see conftest.no_leftovers), so its servers can be found."""
-    value = os.environ.get("SGLANG_SUPERVISOR_TEST_ID")
-    return {"SGLANG_SUPERVISOR_TEST_ID": value} if value else {}
+    """The running test's id (see conftest.no_leftovers) and the run's tag (conftest's
+    end-of-run check), so the servers a daemon launches can be found."""
+    return {name: os.environ[name] for name in ("SGLANG_SUPERVISOR_TEST_ID", "SGLANG_SUPERVISOR_TEST_RUN")
+            if os.environ.get(name)}
 
 
 def sim_command(*sim_args: str, load_s: float = 0.2) -> list[str]:
@@ -92,8 +94,55 @@ def merge_servers(configs: Sequence[Path], path: Path, gpus: Sequence[Sequence[i
     return path
 
 
+class DaemonHung(AssertionError):
+    """A daemon did not exit in time after SIGTERM: it was SIGKILLed with its process group."""
+
+
+# Beyond the daemon's own shutdown deadline (which ends a stuck stop by itself, exit 3):
+# what a loaded CI machine may add before the test calls it hung.
+STOP_SLACK_S = 15.0
+
+
+def stop_timeout_s(config: Path) -> float:
+    """How long a test waits for a daemon on ``config`` to exit after SIGTERM: its shutdown
+    deadline (``supervisor.daemon.shutdown_deadline_s``) plus ``STOP_SLACK_S``."""
+    from supervisor.core.config import ConfigError, load_config
+    from supervisor.daemon import shutdown_deadline_s
+
+    try:
+        return shutdown_deadline_s(load_config(config)) + STOP_SLACK_S
+    except (ConfigError, OSError):
+        return 60.0 + STOP_SLACK_S  # a config the daemon refused too: it exits at once anyway
+
+
+def overdue_line(log: Path) -> str | None:
+    """The daemon's ``shutdown_overdue`` line (what was pending, and where), if it wrote one."""
+    with contextlib.suppress(OSError):
+        for line in log.read_text(errors="replace").splitlines():
+            if "shutdown_overdue" in line:
+                return line[:4000]
+    return None
+
+
+def stop_daemon(proc: subprocess.Popen[bytes], log: Path, timeout: float) -> int:
+    """SIGTERM, then wait ``timeout``; a daemon still there is SIGKILLed with its process
+    group (it was started in a session of its own) and the test fails with its pending-task
+    line. Returns the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        said = overdue_line(log) or "no shutdown_overdue line: " + log.read_text(errors="replace")[-1500:]
+        raise DaemonHung(f"daemon {proc.pid} did not exit {timeout:g} s after SIGTERM (SIGKILLed): {said}") from None
+
+
 class DaemonRun:
-    """``sglang-supervisor run`` as a subprocess, its stderr (JSON lines) in a file."""
+    """``sglang-supervisor run`` as a subprocess in a session of its own, its stderr (JSON
+    lines) in a file."""
 
     def __init__(self, config: Path, *extra: str, env: dict[str, str] | None = None,
                  wrapper: Sequence[str] = ()) -> None:
@@ -109,6 +158,7 @@ class DaemonRun:
             stderr=self._log,
             cwd=REPO,
             env={**os.environ, **(env or {})},
+            start_new_session=True,  # its process group is its own: killed whole if it hangs
         )
 
     def events(self) -> list[dict[str, Any]]:
@@ -140,11 +190,11 @@ class DaemonRun:
     def states(self) -> list[str]:
         return [e["to"] for e in self.find("state_changed")]
 
-    def stop(self, timeout: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+    def stop(self, timeout: float | None = None) -> int:
+        """SIGTERM and wait (by default the daemon's shutdown deadline plus slack); a daemon
+        that hangs is SIGKILLed with its group and raises ``DaemonHung``."""
         try:
-            return self.proc.wait(timeout)
+            return stop_daemon(self.proc, self.log_path, stop_timeout_s(self.config) if timeout is None else timeout)
         finally:
             self._log.close()
 
@@ -158,10 +208,8 @@ class DaemonRun:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        # Long enough for a stop that waits out its server's stop_grace_s (a group node >= 1
-        # ignores SIGTERM): a daemon left running would leave its server to the next test.
         if self.proc.poll() is None:
-            self.stop(timeout=120)
+            self.stop()
         self._log.close()
 
 

@@ -149,7 +149,7 @@ def test_sigterm_ignored_by_server_is_killed_after_grace(tmp_path, no_leftovers,
     cfg = write_config(tmp_path, {"server": {"stop_grace_s": 1.0}}, sim_args=("--sim-fail", "ignore_sigterm"))
     with DaemonRun(cfg) as d:
         d.wait_for("server_ready")
-        assert d.stop(timeout=20) == 0
+        assert d.stop() == 0
         stopped = d.find("server_stopped")
         assert stopped and stopped[0]["signal"] == signal.SIGKILL
 

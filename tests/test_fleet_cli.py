@@ -128,3 +128,15 @@ def test_etcd_unreachable_is_one_line_and_exit_1(tmp_path):
         assert r.returncode == 1 and r.stdout == "", (args, r.stdout)
         line = one_line(r)
         assert f"fleet {args[0]}:" in line and "127.0.0.1" in line, line
+
+
+def test_list_and_reset_into_a_closed_pipe_end_quietly(tmp_path, etcd_server):  # noqa: F811
+    """``fleet list | head -1``: exit 141, nothing on stderr (tests/test_cli_pipe.py for the rest)."""
+    from tests.test_cli_pipe import assert_quiet, into_closed_pipe
+
+    cfg = config(tmp_path, etcd_server.endpoint)
+    seed(etcd_server.endpoint)
+    assert_quiet(into_closed_pipe("fleet", "list", "--config", str(cfg)))
+    assert_quiet(into_closed_pipe("fleet", "list", "--config", str(cfg), "--json"))
+    assert_quiet(into_closed_pipe("fleet", "reset", "--config", str(cfg), "--all"))
+    assert keys_left(etcd_server.endpoint) == ["/elsewhere/keep-me"]  # the reset was done before its line failed

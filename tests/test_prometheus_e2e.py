@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from supervisor.sinks.metrics import Metrics, start_metrics_server
 from tests.conftest import free_port, require_binary
+from tests.harness import STOP_SLACK_S, stop_daemon
 from tests.prom import JOB, PrometheusServer, rose, went
 from tests.test_alert_rules import REQUIRED_ALERTS, RULES
 from tests.test_metrics import feed, night
@@ -92,11 +93,7 @@ def demo_daemon(port: int, workdir: Path) -> Iterator[tuple[subprocess.Popen[byt
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)  # the daemon stops its server on SIGTERM
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
+            stop_daemon(proc, log, STOP_SLACK_S + 60)  # SIGKILLs the group and fails the test if it hangs
 
 
 @pytest.mark.timeout(420)

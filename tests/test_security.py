@@ -50,7 +50,7 @@ def daemon(tmp_path: Path, sections: dict[str, dict[str, Any]] | None = None, *,
     try:
         yield d
     finally:
-        code = d.stop(timeout=60)
+        code = d.stop()
         servers = watch.close()
         try:
             wait_until(lambda: not watch.leftovers(), timeout=15, what="no leftover process")

@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import free_port, wait_until
+from harness import stop_daemon, stop_timeout_s
 from test_sdnotify import Message, NotifyListener
 
 pytestmark = pytest.mark.integration
@@ -111,19 +112,17 @@ def daemon(tmp_path: Path, no_leftovers: None) -> Iterator[Daemon]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "supervisor.cli", "run", "--config", str(config)],
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, cwd=tmp_path,
+            start_new_session=True,
         )
     handle = Daemon(proc, config, stderr, notify)
     try:
         yield handle
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=STOP_GRACE_S + DEADLINE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        notify.close()
+        try:
+            if proc.poll() is None:
+                stop_daemon(proc, stderr, stop_timeout_s(config))
+        finally:
+            notify.close()
 
 
 def serving(d: Daemon) -> Message:

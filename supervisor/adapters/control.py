@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.adapters.ports import ControlError
+from supervisor.aio import within
 
 SOCKET_NAME = "control.sock"
 MAX_REQUEST = 4096
@@ -43,7 +44,7 @@ class ControlServer:
 
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
-                raw = await asyncio.wait_for(reader.readline(), 5.0)
+                raw = await within(reader.readline(), 5.0)
                 try:
                     request = json.loads(raw[:MAX_REQUEST] or b"null")
                 except ValueError:
@@ -88,14 +89,14 @@ async def serve(state_dir: str, handler: Handler) -> ControlServer:
 async def request(path: Path, payload: Mapping[str, Any], timeout_s: float = 10.0) -> dict[str, Any]:
     """Send one command to a running daemon and return its answer."""
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(str(path)), timeout_s)
+        reader, writer = await within(asyncio.open_unix_connection(str(path)), timeout_s)
     except (OSError, TimeoutError) as exc:
         why = "no daemon is listening" if isinstance(exc, FileNotFoundError | ConnectionRefusedError) else str(exc)
         raise ControlError(f"{path}: {why}") from None
     try:
         writer.write(json.dumps(dict(payload)).encode() + b"\n")
         await writer.drain()
-        raw = await asyncio.wait_for(reader.readline(), timeout_s)
+        raw = await within(reader.readline(), timeout_s)
     except (OSError, TimeoutError) as exc:
         raise ControlError(f"{path}: no answer: {exc or type(exc).__name__}") from None
     finally:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from supervisor.adapters.ports import GpuInfo, GpuProbe, GpuProbeError, GpuProcess, NoneProbe
+from supervisor.aio import within
 from supervisor.core.config import GpuConfig
 from supervisor.core.events import Event, GpuLowFree, GpuProbeFailed, GpuSample
 
@@ -84,7 +85,7 @@ class BoundedWorker:
             self._pending, self._pending_since = fut, loop.time()
             threading.Thread(target=work, name=f"{self._what}-call", daemon=True).start()
             try:
-                return await asyncio.wait_for(asyncio.shield(fut), self._timeout_s)
+                return await within(asyncio.shield(fut), self._timeout_s)
             except TimeoutError:
                 raise GpuProbeError(
                     f"{self._what}: no answer within {self._timeout_s:g} s"

@@ -516,3 +516,8 @@ class Ports:
     # [fleet] on: etcd's client (connected on first use) and the SGLang version reader.
     fleet_store: FleetStore | None = None
     sglang_version: VersionReader | None = None
+    # A shutdown past its deadline (docs/reliability.md): the retained `offline` published
+    # over fresh connections, bounded by the seconds given; then the process ends at once
+    # with the code given (os._exit). Both only for a daemon that owns its process.
+    publish_offline: Callable[[float], Awaitable[None]] | None = None
+    hard_exit: Callable[[int], None] | None = None

@@ -32,6 +32,7 @@ from pathlib import Path
 import psutil
 
 from supervisor.adapters.ports import ProcessError, ServerLog
+from supervisor.aio import within
 from supervisor.core.model import ExitStatus
 
 F_SETPIPE_SZ = 1031  # linux/fcntl.h
@@ -328,8 +329,8 @@ class ServerProcess:
         the pipe open cannot hold us longer than ``timeout_s``."""
         self._hurry = True
         self._watch_pipe()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._eof), timeout_s)
+        with contextlib.suppress(TimeoutError):
+            await within(asyncio.shield(self._eof), timeout_s)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -434,8 +435,8 @@ class ServerProcess:
         if self._proc.returncode is None and grace_s > 0:
             if first is not None:
                 self.signal_main(first)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._proc.wait()), grace_s)
+            with contextlib.suppress(TimeoutError):
+                await within(asyncio.shield(self._proc.wait()), grace_s)
         hit = self.kill_leftovers()
         status = await self.wait()
         await asyncio.to_thread(_wait_gone, [p for p in hit if p != self.pid], 2.0)

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import sys
 import textwrap
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -34,6 +36,11 @@ from supervisor.core.config import ConfigError, load_config
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, exit 2 (argparse's own convention)
         self.exit(EXIT_USAGE, f"{self.prog}: {message}\n")
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        # argparse drops a failed write; a closed pipe (``--help | head``) is main()'s to end quietly
+        if message:
+            (file or sys.stderr).write(message)
 
 
 def _add_config(p: argparse.ArgumentParser, *, overrides: bool = True) -> None:
@@ -174,17 +181,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# A reader that went away (``explain - | head -3``): the status of a command killed by SIGPIPE.
+EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     if os.getpid() == 1:
         _pid1_signals()
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
-        return _dispatch(args)
-    except ConfigError as exc:
-        return fail(str(exc))
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit:  # --help, --version: argparse printed; what is buffered must reach the pipe
+            sys.stdout.flush()
+            raise
+        try:
+            code = _dispatch(args)
+        except ConfigError as exc:
+            code = fail(str(exc))
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+    except BrokenPipeError:
+        return _closed_pipe()
     except KeyboardInterrupt:
         return 130
+    return code
+
+
+def _closed_pipe() -> int:
+    """stdout's reader went away: end quietly, with the status the shell shows for a command
+    killed by SIGPIPE (141). What is still buffered goes to /dev/null, so the interpreter's own
+    flush at exit cannot fail again."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return EXIT_CLOSED_PIPE
 
 
 def _pid1_signals() -> None:

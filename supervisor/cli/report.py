@@ -45,6 +45,8 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
                     "([report] enabled = true, the default)", 1)
     try:
         path = write_report(cfg, fmt=args.format, output=args.output, since_s=since_s)
+    except BrokenPipeError:
+        raise  # text to stdout, whose reader went away: main() ends quietly
     except OSError as exc:
         return fail(f"-o {args.output or 'report.' + args.format}: cannot write: {exc.strerror or exc}", 1)
     if path is not None:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from supervisor.aio import cancel_and_wait
 from supervisor.core.config import Config, ConfigError, alert_instance, load_config, server_configs, unit_name
 
 if TYPE_CHECKING:
@@ -123,6 +125,9 @@ async def run_daemon_async(
         reaper=reaper.start if install_signals else None,
         fleet_store=fleet_store,
         sglang_version=read_sglang_version if fleet_store is not None else None,
+        publish_offline=lambda timeout_s: publish_offline(alerters, timeout_s),
+        # Past the shutdown's deadline a daemon that owns its process ends it at once.
+        hard_exit=os._exit if install_signals else None,
     )
     daemon = Daemon(cfg, ports)
     if on_daemon is not None:
@@ -131,7 +136,7 @@ async def run_daemon_async(
     try:
         return await daemon.run()
     finally:
-        summaries.cancel()
+        await cancel_and_wait([summaries])
         if ports.router is not None:
             await ports.router.aclose()
         if group_etcd is not None:
@@ -142,6 +147,15 @@ async def run_daemon_async(
             await alerter.aclose()
         if metrics_server is not None:
             await metrics_server.close()
+        daemon.disarm()
+
+
+async def publish_offline(alerters: Sequence[MqttAlerter], timeout_s: float) -> None:
+    """Each alerter's retained ``offline`` at once, over fresh connections (a shutdown overdue)."""
+    results = await asyncio.gather(*(a.offline_now(timeout_s) for a in alerters), return_exceptions=True)
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if failed:
+        raise failed[0]
 
 
 def start_daily_summaries(daemon: Any, logger: Any) -> asyncio.Task[None]:

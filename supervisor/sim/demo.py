@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from supervisor.aio import within
 from supervisor.core.config import Config, load_config
 from supervisor.core.events import Event
 
@@ -165,7 +166,7 @@ async def _run(args: argparse.Namespace, cfg: Config, workdir: Path, run_daemon_
 
     async def scenario() -> None:
         try:
-            await asyncio.wait_for(timeline.ready.wait(), args.deadline)
+            await within(timeline.ready.wait(), args.deadline)
             host = "127.0.0.1" if cfg.server.host in ("0.0.0.0", "") else cfg.server.host
             url = f"http://{host}:{cfg.server.port}"
             timeline._say("load: 150 short + 32 long concurrent requests (retried across restarts)")
@@ -173,7 +174,7 @@ async def _run(args: argparse.Namespace, cfg: Config, workdir: Path, run_daemon_
             outcome["load"] = result
             timeline._say(f"load done: {result.completed} completed, {result.failed} failed, "
                           f"{result.retries} retries, {result.elapsed_s:.1f} s")
-            await asyncio.wait_for(timeline.ready.wait(), args.deadline)
+            await within(timeline.ready.wait(), args.deadline)
             if args.hold > 0:
                 timeline._say(f"holding for {args.hold:g} s")
                 await asyncio.sleep(args.hold)

@@ -2123,6 +2123,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except BaseException:  # a bug in the simulator: show it, and leave nothing behind
         traceback.print_exc()
         launcher.die(1, stamp=False)
+        raise  # not reached: die() ends the process
     launcher.die(0, stamp=False)
 
 

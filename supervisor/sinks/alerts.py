@@ -45,6 +45,7 @@ import structlog
 from aiomqtt.exceptions import MqttConnectError
 from structlog.typing import FilteringBoundLogger
 
+from supervisor.aio import cancel_and_wait, within
 from supervisor.core.config import Config, MqttConfig
 from supervisor.core.events import ALERT_KINDS, EVENTS, Event
 from supervisor.core.model import Cause
@@ -533,9 +534,7 @@ async def _race(aw: Awaitable[T], watch: asyncio.Task[None]) -> T:
         raise
     if task in done:
         return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
-        await task
+    await cancel_and_wait([task])
     watch.result()  # raises the MqttError that ended the connection
     raise aiomqtt.MqttError("the MQTT connection ended")
 
@@ -669,11 +668,16 @@ class MqttAlerter:
             return
         done, _ = await asyncio.wait({self._task}, timeout=timeout_s)
         if not done:
-            self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+            await cancel_and_wait([self._task], timeout_s=1.0)
         if self.pending:
             self._log.warning("alerts_undelivered", pending=self.pending, broker=f"{self._cfg.host}:{self._cfg.port}")
+
+    async def offline_now(self, timeout_s: float) -> None:
+        """The retained ``offline`` over a connection of its own, bounded by ``timeout_s``: for a
+        daemon that must end now (its shutdown is overdue), whatever its own connection is doing.
+        Raises what the broker or the network raised."""
+        await within(_publish_once(self._cfg, f"{self.client_id}-last", self.topics.status, b"offline", retain=True,
+                                   timeout_s=timeout_s, log=self._log), timeout_s)
 
     # ---- the connection loop
 
@@ -694,7 +698,7 @@ class MqttAlerter:
             )
             self._attempt += 1
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closing.wait(), delay)
+                await within(self._closing.wait(), delay)
 
     def _report(self, exc: BaseException) -> None:
         reason, line = _failure(exc, self._cfg)
@@ -732,9 +736,7 @@ class MqttAlerter:
             await self._drain(client, watch)
             await _race(self._publish(client, self.topics.status, b"offline", qos=1, retain=True), watch)
         finally:
-            watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
-                await watch
+            await cancel_and_wait([watch])
             await _close(client)
             self._set_connected(False)
 
@@ -813,13 +815,21 @@ async def drill(
                           evidence_max_chars=cfg.evidence_max_chars, context=Context())
     assert payload is not None
     try:
-        client = _make_client(cfg, identifier=f"{client_id(cfg, host, instance)}-drill-{alert_id[:8]}",
-                              password=await _password(cfg, log, set()), will=None, timeout=timeout_s)
-        await _open(client)
-        try:
-            await client.publish(topic, _dumps(payload), qos=max(1, cfg.qos), timeout=timeout_s)
-        finally:
-            await _close(client)
+        await _publish_once(cfg, f"{client_id(cfg, host, instance)}-drill-{alert_id[:8]}", topic, _dumps(payload),
+                            retain=False, timeout_s=timeout_s, log=log)
     except (aiomqtt.MqttError, AlertsError, OSError, ssl.SSLError) as exc:
         return DrillResult(False, _failure(exc, cfg)[1], topic)
     return DrillResult(True, f"broker {cfg.host}:{cfg.port} acknowledged drill {alert_id}", topic)
+
+
+async def _publish_once(cfg: MqttConfig, identifier: str, topic: str, payload: bytes, *, retain: bool,
+                        timeout_s: float, log: FilteringBoundLogger) -> None:
+    """One message (QoS >= 1) over a connection of its own, with no Will: connect, publish,
+    wait for the broker's acknowledgement, disconnect. Each step waits at most ``timeout_s``."""
+    client = _make_client(cfg, identifier=identifier, password=await _password(cfg, log, set()), will=None,
+                          timeout=timeout_s)
+    await _open(client)
+    try:
+        await client.publish(topic, payload, qos=max(1, cfg.qos), retain=retain, timeout=timeout_s)
+    finally:
+        await _close(client)

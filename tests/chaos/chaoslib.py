@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 from conftest import wait_until
-from harness import DaemonRun, ProcessWatch, write_config
+from harness import DaemonHung, DaemonRun, ProcessWatch, overdue_line, write_config
 
 from supervisor.core.events import ALERT_KINDS
 
@@ -291,9 +291,18 @@ class Trial:
         for d in self.daemons:
             if d.proc.pid in self.killed:
                 continue
-            code = d.stop(timeout=60)
+            asked = time.monotonic()
+            try:
+                code = d.stop()
+                self.extra["stop_s"] = round(max(self.extra.get("stop_s", 0.0), time.monotonic() - asked), 3)
+            except DaemonHung as exc:  # SIGKILLed with its group; the trial fails with its pending tasks
+                problems.append(str(exc))
+                continue
             if code != 0:
                 problems.append(f"daemon {d.proc.pid} exited {code}")
+                said = overdue_line(d.log_path)
+                if said:
+                    problems.append(said)
         events = [e for d in self.daemons for e in d.events()]
         for bad in ("task_failed", "prepare_failed", "sink_failed", "alert_emit_failed"):
             if any(e.get("event") == bad for e in events):

@@ -117,6 +117,24 @@ def failures(trials: list[dict[str, Any]]) -> list[str]:
             for (fault, error), idx in groups.items()]
 
 
+def stops_section(trials: list[dict[str, Any]], ends: list[dict[str, Any]]) -> list[str]:
+    """Every stop ended by itself, and how long it took; what the run left behind."""
+    stops = [float(r["extra"]["stop_s"]) for r in trials if isinstance(r.get("extra", {}).get("stop_s"), int | float)]
+    hung = [r for r in trials if "did not exit" in str(r.get("error") or "") or "shutdown_overdue" in str(r.get("error") or "")]
+    lines = [
+        f"**A stop always ends.** {len(stops)} daemon stops by SIGTERM at the end of the trials "
+        f"(p50 / max {_seconds(stops)} s, each within its shutdown deadline of stop_grace_s + 15 s, "
+        "`supervisor/daemon.py`); "
+        f"{len(hung)} hung (a daemon still there at its deadline plus slack is SIGKILLed with its "
+        "process group, and the trial fails with its `shutdown_overdue` line).",
+    ]
+    if ends:
+        left = sum(int(e.get("leftovers") or 0) for e in ends)
+        lines += ["", f"Processes left alive at the end of the run (the suite's own end-of-run check, "
+                      f"`tests/leftovers.py`): {left}."]
+    return lines
+
+
 def soak_section(soaks: list[dict[str, Any]]) -> list[str]:
     if not soaks:
         return ["No soak run in these results."]
@@ -178,6 +196,8 @@ def render(records: list[dict[str, Any]], *, source: str) -> str:
         "is left running or as a zombie (`orphans`).",
         "",
         *matrix_table(trials),
+        "",
+        *stops_section(trials, [r for r in records if r.get("kind") == "run_end"]),
         "",
         "How each fault is made is in its function in `tests/chaos/test_chaos_matrix.py`. Two need",
         "a word: the wall clock cannot be moved here without privileges, so",

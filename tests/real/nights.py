@@ -39,7 +39,8 @@ IN_FLIGHT = 4
 def write_config(tmp: Path, command: list[str], *, model: str, env: dict[str, str],
                  sections: dict[str, dict[str, Any]] | None = None, name: str = "night") -> Path:
     """A daemon config for a fast night; ``command`` is the only part that differs per server."""
-    test_id = os.environ.get("SGLANG_SUPERVISOR_TEST_ID")
+    tags = {name: os.environ[name] for name in ("SGLANG_SUPERVISOR_TEST_ID", "SGLANG_SUPERVISOR_TEST_RUN")
+            if os.environ.get(name)}  # the test's and the run's: its servers can be found (tests/conftest.py)
     events = tmp / "memory.events"
     events.write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n")
     base: dict[str, dict[str, Any]] = {
@@ -48,7 +49,7 @@ def write_config(tmp: Path, command: list[str], *, model: str, env: dict[str, st
             "model_path": model,
             "port": free_port(),
             "stop_grace_s": 30.0,
-            "env": {**env, **({"SGLANG_SUPERVISOR_TEST_ID": test_id} if test_id else {})},
+            "env": {**env, **tags},
         },
         "health": {"interval_s": 1.0, "timeout_s": 5.0, "failures": 2, "startup_timeout_s": 240.0,
                    "startup_poll_s": 0.25, "hang_dump_wait_s": 10.0},
@@ -267,13 +268,13 @@ def drive(config: Path, *, ready_timeout: float = 200.0) -> Night:
         last = tree(int(d.wait_for("launch", attempt=5)["pid"]))
         load = Requests(port)
         time.sleep(0.7)
-        night.exit_code = d.stop(timeout=120)
+        night.exit_code = d.stop()
         night.results["stop"] = load.join()
         night.failed["stop"] = load.failed
         night.leftovers["stop"] = _alive([p.pid for p in last])
     finally:
         if d.proc.poll() is None:
-            d.stop(timeout=120)
+            d.stop()
         night.events = d.events()
         night.states = [e["to"] for e in night.events if e.get("event") == "state_changed"]
     return night

@@ -118,7 +118,7 @@ def test_a_real_group_outlives_an_etcd_outage_and_restarts_when_a_daemon_dies(
                 n1b.wait_for("server_ready", READY_S)
                 # SGLang's node >= 1 ignores SIGTERM ("waiting for the rank-0 ShutdownReq
                 # broadcast"): stopped alone, it is killed after [server] stop_grace_s
-                assert n1b.stop(timeout=120) == 0
+                assert n1b.stop() == 0
             finally:
                 n1b.kill()
         finally:
