@@ -141,6 +141,7 @@ class ServerUnit:
         self._recorded_since: float | None = None  # wall time of that launch (pgid reuse guard)
         self._recorded_tree: list[tuple[int, float]] = []  # (pid, create time) seen in that tree
         self._server_since: float | None = None
+        self._ready_total: int | None = None  # the output's length when the server was last READY
         self._store_failing = False
         self._facts: StartupFactsParser | None = None
         self._prober: Prober | None = None
@@ -222,6 +223,8 @@ class ServerUnit:
         self.host.deliver(event, self.sinks)
         if isinstance(event, ev.StateChanged):
             self.host.notify_status()
+            if event.to is State.READY and self.server is not None:
+                self._ready_total = self.server.tail.total  # what the log held when it was last ready
             core = self.core
             if self._group is not None and core is not None:
                 self._group.node_state(core.state, core.pid, core.generation)
@@ -361,6 +364,7 @@ class ServerUnit:
             return
         self.server = server
         self._server_since = time.time()  # wall clock: compared with process create times
+        self._ready_total = None
         self._facts = StartupFactsParser()
         server.on_line = self._on_server_line
         server.on_part_died = lambda pid, title: self.post(PartDied(pid, title))
@@ -401,9 +405,10 @@ class ServerUnit:
         oom_after = await asyncio.to_thread(self._oom_kills)
         before = self._oom_kills_at_launch
         delta = None if oom_after is None or before is None else max(0, oom_after - before)
+        tail = server.tail.get()
         diagnosis = await asyncio.to_thread(
-            diagnose, server.tail.get(), exit_status=status, phase=phase, kernel_log=kernel,
-            pids=server.tree_pids(), oom_kill_delta=delta,
+            diagnose, tail, exit_status=status, phase=phase, kernel_log=kernel,
+            pids=server.tree_pids(), oom_kill_delta=delta, ready_at=_ready_at(self._ready_total, server.tail.total, tail),
         )
         await server.close()
         if self.server is server:
@@ -635,6 +640,14 @@ def _nothing_ran() -> Any:
     from supervisor.core.model import Diagnosis, Phase
 
     return Diagnosis(cause=Cause.OTHER, phase=Phase.STARTING, evidence=("no server process",))
+
+
+def _ready_at(ready_total: int | None, total: int, tail: bytes) -> int | None:
+    """Where in ``tail`` (a byte offset) the server was last READY: what it logged before
+    then did not kill it while serving. None: it never was; 0: before the tail began."""
+    if ready_total is None:
+        return None
+    return max(0, ready_total - (total - len(tail)))
 
 
 def _read_tail(path: str) -> str | None:

@@ -89,6 +89,8 @@ class FakeStore:
 
 
 class FakeTail:
+    total = 0
+
     def get(self) -> bytes:
         return b""
 

@@ -544,3 +544,17 @@ def test_corpus_accuracy_and_no_memory_confusions(capsys: pytest.CaptureFixture[
     assert not memory_mixups
     assert not unfounded
     assert correct / len(entries) >= 0.95, wrong
+
+
+def test_what_was_logged_before_the_daemon_saw_it_ready_did_not_kill_it_while_serving() -> None:
+    """A group node >= 1 logs no ready line: the daemon says where in the output the server
+    became READY (``ready_at``), and a start-up line before it (SGLang 0.5.23's bf16
+    warning, whose words name a missing driver) is not the cause of a death while serving."""
+    warning = ("[2026-11-30 10:00:01 TP0] multimem all-gather disabled (Found no NVIDIA driver on your system. "
+               "Please check that you have an NVIDIA GPU and installed a driver)\n")
+    before = "[2026-11-30 10:00:00 TP0] Load weight end. avail mem=1.00 GB\n" + warning
+    after = "[2026-11-30 10:00:05 TP0] Decode batch. #running-req: 1, #token: 30\n"
+    tail = (before + after).encode()
+    d = diagnose(tail, phase=Phase.SERVING, ready_at=len(before.encode()),
+                 exit_status=ExitStatus(signal=9))
+    assert d.cause is Cause.OTHER

@@ -378,6 +378,9 @@ VersionReader = Callable[[Sequence[str], Mapping[str, str]], str]
 class Tail(Protocol):
     def get(self) -> bytes: ...
 
+    @property
+    def total(self) -> int: ...  # bytes appended since the launch (the tail holds the last of them)
+
 
 class ServerHandle(Protocol):
     """One launched server, as the daemon drives it (``process.ServerProcess``)."""

@@ -148,8 +148,10 @@ class Tail:
         self.limit = limit
         self._chunks: collections.deque[bytes] = collections.deque()
         self._size = 0
+        self.total = 0  # bytes appended since the launch: where a moment sits in the output
 
     def append(self, data: bytes) -> None:
+        self.total += len(data)
         if len(data) >= self.limit:
             self._chunks.clear()
             data = data[-self.limit :]

@@ -50,11 +50,11 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from itertools import accumulate
 
-from supervisor.core.model import Cause, Diagnosis, ExitStatus, Phase, Remedy
+from supervisor.core.model import Cause, Diagnosis, ExitStatus, Phase, Remedy, SiteRule
 from supervisor.core.startup_facts import line_rank
 
 MAX_TAIL_BYTES = 4 * 1024 * 1024  # how much of the end of the output is read
@@ -917,12 +917,14 @@ class _Log:
     stretch at the end, so the rule needles scan little text.
     """
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, lines_after_ready: int | None = None) -> None:
         parts = text.replace("\r\n", "\n").rsplit("\n", MAX_LINES)
         self.skipped = 0  # lines dropped from the front (beyond MAX_LINES)
         if len(parts) > MAX_LINES:
             self.skipped = parts[0].count("\n") + 1
             parts = parts[1:]
+        # The first line (an index into parts) logged after the daemon saw the server ready.
+        ready_part = None if lines_after_ready is None else max(0, len(parts) - 1 - lines_after_ready)
         parts, self._orig = _unmangle(parts)
         self._lines = parts
         self._low_text = "\n".join(parts).lower()  # lower() never makes or takes a newline
@@ -932,7 +934,17 @@ class _Log:
         ready = self.last_line(("ready to roll",), self.count)
         outlived = self.nth_last_line(_BATCH_LINES, KEPT_SERVING_BATCHES)
         self.crash_start = max(ready, outlived) + 1  # where the crash can begin
+        self.ready_index: int | None  # the first line logged after the server was last ready
+        if ready_part is not None:  # the daemon's own READY (a group node >= 1 logs no ready line)
+            self.ready_index = next((i for i in range(self.count) if self._part(i) >= ready_part), self.count)
+            self.crash_start = max(self.crash_start, self.ready_index)
+        else:
+            self.ready_index = ready + 1 if ready >= 0 else None
         self.first_sigquit = self.first_line(("received sigquit", "sigquit received"), self.crash_start)
+
+    def _part(self, i: int) -> int:
+        """The index in the text's own lines of line ``i`` (they differ once unmangled)."""
+        return self._orig[i] if self._orig is not None else i
 
     def lineno(self, i: int) -> int:
         """1-based line number of line ``i`` in the text given."""
@@ -1394,8 +1406,14 @@ def _diagnose(
     kernel_log: str | None,
     pids: Collection[int],
     oom_kill_delta: int | None,
+    ready_at: int | None = None,
+    site_rules: Sequence[SiteRule] = (),
 ) -> Diagnosis:
-    log = _Log(tail_text(tail))
+    log = _Log(tail_text(tail), lines_after_ready=_lines_after(tail, ready_at))
+    if site_rules:
+        taught = _site_reading(log, site_rules, phase)
+        if taught is not None:
+            return taught
     finding, other = _find(log)
     if finding is None or finding.rule.strength != "names":
         finding = _bind_failure_before_ready(log) or finding
@@ -1417,6 +1435,48 @@ def _diagnose(
     return diagnosis
 
 
+def _site_reading(log: _Log, rules: Sequence[SiteRule], given: Phase | None) -> Diagnosis | None:
+    """The first line of the crash (log order) that a site rule matches, read as that rule
+    says: its cause, its phase (else the phase read as usual), certain only if it says so."""
+    compiled = [(n, rule, re.compile(rule.match, re.IGNORECASE)) for n, rule in enumerate(rules, 1)]
+    for i in range(log.crash_start, log.count):
+        if log.is_frame(i) or log.is_code(i):
+            continue
+        text = log.text(i)
+        for n, rule, rx in compiled:
+            if rx.search(text) is None:
+                continue
+            _, end = log.logical(i)
+            phase, _, source = _phase_at(log, log.report_lines(i, end), i, given)
+            if rule.phase is not None:
+                phase, source = rule.phase, f"site rule {n}"
+            exc = log.exception_near(i)
+            header = exc[2] if exc else i
+            return Diagnosis(
+                cause=rule.cause,
+                phase=phase or Phase.STARTING,
+                evidence=_evidence(log, [header, *range(i, end + 1)]),
+                evidence_lineno=log.lineno(header),
+                exc_type=exc[0] if exc else None,
+                exc_message=(exc[1][:MAX_EVIDENCE_CHARS] or None) if exc else None,
+                location=log.location(header) if exc else None,
+                rank=log.rank_near(i),
+                certain=rule.certain,
+                phase_source=source if phase else "unknown (assumed starting)",
+                basis=f"site rule {n}: {rule.match[:120]}",
+            )
+    return None
+
+
+def _lines_after(tail: bytes | str, ready_at: int | None) -> int | None:
+    """How many line ends the tail holds from ``ready_at`` (a byte offset; a character
+    offset for text) on: the lines logged since the server was last ready."""
+    if ready_at is None:
+        return None
+    rest = tail[max(0, ready_at):]
+    return rest.count(b"\n") if isinstance(rest, bytes | bytearray | memoryview) else str(rest).count("\n")
+
+
 def diagnose(
     tail: bytes | str,
     *,
@@ -1425,6 +1485,8 @@ def diagnose(
     kernel_log: str | None = None,
     pids: Collection[int] = (),
     oom_kill_delta: int | None = None,
+    ready_at: int | None = None,
+    site_rules: Sequence[SiteRule] = (),
 ) -> Diagnosis:
     """Why the server died, from the tail of its output.
 
@@ -1433,10 +1495,13 @@ def diagnose(
     messages text; its OOM-killer lines count only for pids in ``pids`` (the server's tree).
     ``oom_kill_delta`` is how many ``oom_kill`` events the service cgroup's ``memory.events``
     counted while this server ran (None: unknown); a positive one is an OOM-killer record.
+    ``ready_at`` is where in ``tail`` (a byte offset) the server was last ready, when the
+    daemon saw it ready: what was logged before it did not kill the server while serving.
+    ``site_rules`` (``[[diagnosis.rule]]``) are tried first, on every line of the crash.
     ``evidence_lineno`` is 1-based within the tail that was read. Never raises.
     """
     try:
-        return _diagnose(tail, exit_status, phase, kernel_log, pids, oom_kill_delta)
+        return _diagnose(tail, exit_status, phase, kernel_log, pids, oom_kill_delta, ready_at, site_rules)
     except Exception as exc:  # the daemon needs an answer whatever the bytes say
         return Diagnosis(
             cause=Cause.OTHER,

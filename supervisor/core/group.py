@@ -72,12 +72,15 @@ def rank_of(diagnosis: Diagnosis) -> Rank:
 
     An unrecognised end (``other``) is an echo when the node found nothing of its own: no
     evidence but peer-loss lines and its main process's own teardown. A part of its tree
-    that died ("Subprocess scheduler_0 crashed with exit code -9") is its own finding."""
+    that died ("Subprocess scheduler_0 crashed with exit code -9") is its own finding, and so
+    is a process killed by a signal after it was ready with no error logged (``killed``)."""
     cause = diagnosis.cause
     if cause in HARDWARE:
         return Rank.HARDWARE
     if cause in MEMORY:
         return Rank.MEMORY
+    if diagnosis.killed and GROUP_STOP not in diagnosis.evidence:
+        return Rank.LOCAL  # killed by a signal after it was ready, no error logged: its own death
     if cause in COMMUNICATION or GROUP_STOP in diagnosis.evidence:
         return Rank.ECHO
     own = [e for e in diagnosis.evidence if not TEARDOWN.search(e)]
@@ -234,6 +237,9 @@ def diagnosis_from_dict(d: Mapping[str, Any]) -> Diagnosis:
         remedy_override=override,
         min_fraction=float(d["min_fraction"]) if isinstance(d.get("min_fraction"), int | float) else None,
         certain=bool(d.get("certain", True)),
+        basis=str(d.get("basis") or ""),
+        unrecognised=d.get("unrecognised") if isinstance(d.get("unrecognised"), str) else None,
+        killed=d.get("killed") if isinstance(d.get("killed"), str) else None,
     )
 
 

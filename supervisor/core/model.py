@@ -133,6 +133,18 @@ class Diagnosis:
     certain: bool = True
     phase_source: str = ""  # "daemon", or what the phase was inferred from in the log
     runner_up: Cause | None = None  # the next reading when the margin is thin
+    # What the reading rests on: "catalogue: <origin>" (the stack's own message),
+    # "rule <name>: <source>" (a rule citing the line that prints it), "corpus rule <name>"
+    # (a rule learned from logs only), "frames: <file:line func> (<subsystem>)" (new words,
+    # read by the code that raised them), "site rule <n>" ([[diagnosis.rule]]), "signal"
+    # (killed, no error logged), "" (nothing found).
+    basis: str = ""
+    # The crash's first error line, normalised (catalogue.normalise), when the reading is
+    # `other` or uncertain: kept in the journal for a person, who may teach it as a site rule.
+    unrecognised: str | None = None
+    # "SIGKILL" when the process was killed by that signal after it was last ready and no
+    # error was logged since: a local death of this rank, never an echo of a peer's.
+    killed: str | None = None
 
     @property
     def remedy(self) -> Remedy:
@@ -153,7 +165,25 @@ class Diagnosis:
             "certain": self.certain,
             "phase_source": self.phase_source,
             "runner_up": None if self.runner_up is None else str(self.runner_up),
+            "basis": self.basis,
+            "unrecognised": self.unrecognised,
+            "killed": self.killed,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class SiteRule:
+    """A site's own words for a cause (``[[diagnosis.rule]]``): tried before everything else.
+
+    ``match`` is a bounded regex (``core.config`` checks it), searched in each line of the
+    crash (case ignored); ``phase`` fixes the phase (None: read as usual); a site rule's
+    reading is ``certain`` only when the site says so.
+    """
+
+    match: str
+    cause: Cause
+    phase: Phase | None = None
+    certain: bool = False
 
 
 @dataclass(frozen=True, slots=True)
