@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-sim
 TEST_STAMP = $(VENV)/.installed-test
 
-.PHONY: demo test chaos bench venv system-deps clean real-sglang e2e
+.PHONY: demo test chaos bench venv system-deps clean real-sglang e2e catalogue
 
 # The demo needs the package, its [sim] extra (the simulator) and [report] (matplotlib, for the
 # night's report it writes at the end); the tests also need [test].
@@ -53,6 +53,12 @@ e2e: $(TEST_STAMP) real-sglang
 	@start=$$(date +%s); \
 	  $(PY) -m pytest -q -ra tests/real -p no:cacheprovider; \
 	  status=$$?; echo "e2e tier: $$(( $$(date +%s) - start )) s wall"; exit $$status
+
+# The message catalogue and the module table (issue 23, docs/catalogue.md), regenerated from the pinned
+# releases of scripts/catalogue/sources.toml; the wheels it lacks are downloaded into
+# ${SGLANG_SUPERVISOR_CACHE:-~/.cache/sglang-supervisor}/catalogue (cold: ~3 min, then seconds).
+catalogue: $(TEST_STAMP)
+	$(PY) scripts/catalogue/harvest.py
 
 bench: $(TEST_STAMP)
 	$(PY) -m bench
