@@ -3,7 +3,11 @@
 
 Run by the SGLang virtualenv's python (it has torch, transformers and tokenizers):
 
-    python scripts/make-tiny-model.py OUT_DIR
+    python scripts/make-tiny-model.py OUT_DIR [--dtype float32|bfloat16]
+
+``--dtype bfloat16`` saves the weights (and ``torch_dtype`` in config.json) in bf16, as real
+models ship: SGLang then logs what it logs for them (on a CPU host, 0.5.23's "multimem
+all-gather disabled (Found no NVIDIA driver ...)" warning at start-up).
 
 Deterministic: the tokenizer is trained on a fixed, sorted list of local text files and the
 weights come from a fixed seed, so the same library versions give the same files. No hub access.
@@ -47,10 +51,15 @@ def texts(files: list[str]):
 
 
 def main() -> int:
-    if len(sys.argv) != 2:
-        print("usage: make-tiny-model.py OUT_DIR", file=sys.stderr)
+    args = sys.argv[1:]
+    dtype = "float32"
+    if len(args) == 3 and args[1] == "--dtype" and args[2] in ("float32", "bfloat16"):
+        dtype = args[2]
+        args = args[:1]
+    if len(args) != 1:
+        print("usage: make-tiny-model.py OUT_DIR [--dtype float32|bfloat16]", file=sys.stderr)
         return 2
-    out = sys.argv[1]
+    out = args[0]
     os.makedirs(out, exist_ok=True)
 
     import torch
@@ -98,12 +107,15 @@ def main() -> int:
         pad_token_id=fast.pad_token_id,
     )
     model = LlamaForCausalLM(config)
+    if dtype == "bfloat16":
+        model = model.to(torch.bfloat16)
+        model.config.dtype = torch.bfloat16
     model.generation_config.bos_token_id = fast.bos_token_id
     model.generation_config.eos_token_id = fast.eos_token_id
     model.generation_config.pad_token_id = fast.pad_token_id
     model.save_pretrained(out, safe_serialization=True)
     n = sum(p.numel() for p in model.parameters())
-    print(f"make-tiny-model: {out}: {n} parameters, vocab {len(fast)}")
+    print(f"make-tiny-model: {out}: {n} parameters ({dtype}), vocab {len(fast)}")
     return 0
 
 

@@ -32,6 +32,13 @@ class RealSGLang:
     model: str
     extra_args: tuple[str, ...]
     env: dict[str, str]
+    model_bf16: str = ""  # the same tiny model in bf16, as real models ship
+
+    def in_bf16(self) -> RealSGLang:
+        """The same server with the bf16 model."""
+        from dataclasses import replace
+
+        return replace(self, model=self.model_bf16)
 
     def command(self) -> list[str]:
         """The server's launcher; add ``--model-path``, ``--host``, ``--port`` and :attr:`extra_args`."""
@@ -67,10 +74,11 @@ def load(path: str | os.PathLike[str] | None = None) -> RealSGLang:
             model=str(data["model"]),
             extra_args=tuple(str(a) for a in data["extra_args"]),
             env={str(k): str(v) for k, v in data["env"].items()},
+            model_bf16=str(data["model_bf16"]),
         )
     except (KeyError, TypeError, AttributeError) as e:
         raise RealSGLangMissing(f"{p} is malformed ({e!r}); {hint}") from None
-    for what in (real.python, real.stub_dir, real.model):
+    for what in (real.python, real.stub_dir, real.model, real.model_bf16):
         if not os.path.exists(what):
             raise RealSGLangMissing(f"{p} names {what}, which does not exist; {hint}")
     return real
