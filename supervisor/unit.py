@@ -409,6 +409,7 @@ class ServerUnit:
         diagnosis = await asyncio.to_thread(
             diagnose, tail, exit_status=status, phase=phase, kernel_log=kernel,
             pids=server.tree_pids(), oom_kill_delta=delta, ready_at=_ready_at(self._ready_total, server.tail.total, tail),
+            site_rules=self.cfg.diagnosis.rules,
         )
         await server.close()
         if self.server is server:

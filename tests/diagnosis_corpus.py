@@ -28,9 +28,9 @@ class Entry:
     thread: str  # the bug-report thread the log comes from
     exit_status: ExitStatus | None = None
 
-    def diagnose(self, text: bytes | str | None = None) -> Diagnosis:
+    def diagnose(self, text: bytes | str | None = None, *, hand_rules: bool = True) -> Diagnosis:
         data = self.path.read_bytes() if text is None else text
-        return diagnose(data, exit_status=self.exit_status, phase=None)
+        return diagnose(data, exit_status=self.exit_status, phase=None, hand_rules=hand_rules)
 
 
 def _thread(source: str) -> str:

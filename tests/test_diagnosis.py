@@ -11,6 +11,7 @@ from pathlib import Path
 import diagnosis_corpus
 import pytest
 from conftest import free_port
+from diagnosis_perturb import PERTURBATIONS
 
 from supervisor.core.diagnosis import (
     INTERNAL_ERROR_TYPE,
@@ -515,20 +516,28 @@ def test_corpus_copy_is_complete() -> None:
     assert {e.label for e in entries} <= {str(c) for c in LOG_CAUSES}
 
 
+def _corpus_run(hand_rules: bool = True) -> list[tuple[diagnosis_corpus.Entry, Diagnosis]]:
+    return [(e, e.diagnose(hand_rules=hand_rules)) for e in diagnosis_corpus.entries()]
+
+
 def test_corpus_accuracy_and_no_memory_confusions(capsys: pytest.CaptureFixture[str]) -> None:
-    """≥ 95 % of the real logs get their labelled cause; the four memory causes never mix;
-    a memory cause is named only with memory evidence. Prints the confusion matrix."""
-    entries = diagnosis_corpus.entries()
+    """≥ 97 % of the real logs get their labelled cause; the four memory causes never mix;
+    a memory cause is named only with memory evidence; every answer marked certain is right.
+    Prints the confusion matrix."""
     results = []
     wrong = []
     unfounded = []
-    for e in entries:
-        d = e.diagnose()
+    certain_wrong = []
+    runs = _corpus_run()
+    for e, d in runs:
         got = str(d.cause)
         results.append((e, got))
         if got != e.label:
             wrong.append(f"{e.name}: labelled {e.label}, diagnosed {got} ({'certain' if d.certain else 'uncertain'})")
-        memory_words = ("memory", "oom", "killed process", "sigbus", "bus error", "bad_alloc", "pin", "profiled value", "kv cache")
+            if d.certain:
+                certain_wrong.append(f"{e.name}: {e.label} read as {got} for certain ({d.basis})")
+        memory_words = ("memory", "oom", "killed process", "sigbus", "bus error", "bad_alloc", "pin", "profiled value",
+                        "kv cach", "shm")
         if got in MEMORY_CAUSES and not any(w in line.lower() for line in d.evidence for w in memory_words):
             unfounded.append(f"{e.name}: {got} from {d.evidence[:1]}")
     counts = diagnosis_corpus.confusion(results)
@@ -537,13 +546,70 @@ def test_corpus_accuracy_and_no_memory_confusions(capsys: pytest.CaptureFixture[
         f"{label} -> {got}" for (label, got) in counts
         if label != got and label in MEMORY_CAUSES and got in MEMORY_CAUSES
     ]
+    certain = [d for _, d in runs if d.certain]
     with capsys.disabled():
         print("\n" + diagnosis_corpus.matrix_text(counts))
-        print(f"{correct}/{len(entries)} correct ({100 * correct / len(entries):.1f} %); "
-              f"memory-cause confusions: {len(memory_mixups)}; wrong: {wrong or 'none'}")
+        print(f"{correct}/{len(runs)} correct ({100 * correct / len(runs):.1f} %); memory-cause confusions: "
+              f"{len(memory_mixups)}; memory causes without memory evidence: {len(unfounded)}; certain answers: "
+              f"{len(certain) - len(certain_wrong)}/{len(certain)} right; wrong: {wrong or 'none'}")
     assert not memory_mixups
-    assert not unfounded
-    assert correct / len(entries) >= 0.95, wrong
+    assert not unfounded, unfounded
+    assert not certain_wrong, certain_wrong
+    assert correct / len(runs) >= 0.97, wrong
+
+
+# With the rules written from logs switched off (the catalogue and the frames alone): how it
+# reads words it was never shown. docs/diagnosis.md lists each rule left, and why the
+# catalogue cannot hold its words.
+CATALOGUE_ONLY_FLOOR = 0.90
+
+
+def test_corpus_accuracy_with_the_catalogue_and_the_frames_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    """The honest estimate for logs nobody here has read: the catalogue (the stack's own
+    messages) and the frames (the code that raised new words), no hand-written rule."""
+    runs = _corpus_run(hand_rules=False)
+    correct = sum(str(d.cause) == e.label for e, d in runs)
+    certain = [(e, d) for e, d in runs if d.certain]
+    certain_right = sum(str(d.cause) == e.label for e, d in certain)
+    wrong = [f"{e.name}: {e.label} -> {d.cause}" for e, d in runs if str(d.cause) != e.label]
+    with capsys.disabled():
+        print(f"\ncatalogue and frames only: {correct}/{len(runs)} correct ({100 * correct / len(runs):.1f} %, "
+              f"goal 90 %); certain answers {certain_right}/{len(certain)} right; wrong: {wrong}")
+    assert correct / len(runs) >= CATALOGUE_ONLY_FLOOR, wrong
+
+
+def test_the_catalogue_it_reads_with(capsys: pytest.CaptureFixture[str]) -> None:
+    """The catalogue's size per source and version (scripts/catalogue, `make catalogue`)."""
+    from collections import Counter
+
+    from supervisor.core.catalogue import catalogue
+
+    cat = catalogue()
+    per = Counter(v for e in cat.entries for v in e.seen_in)
+    with capsys.disabled():
+        print(f"\ncatalogue: {len(cat)} messages from " + ", ".join(f"{v} {per[v]}" for v in cat.versions))
+    assert len(cat) > 10_000 and all(per[v] > 0 for v in cat.versions)
+    assert any(v.startswith("sglang==0.5.23") for v in cat.versions)
+
+
+@pytest.mark.parametrize("name", list(PERTURBATIONS))
+def test_perturbed_corpus_logs_keep_their_cause(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every corpus log gives the same cause with the perturbation applied (timestamps, rank
+    prefixes, quoting, CRLF, docker columns): logs reach the daemon through journald, docker,
+    kubectl and chat quotes, and the reading must not depend on how lines are framed."""
+    perturb = PERTURBATIONS[name]
+    changed = []
+    entries = diagnosis_corpus.entries()
+    for e in entries:
+        text = e.path.read_text(errors="replace")
+        before = e.diagnose(text).cause
+        after = e.diagnose(perturb(text)).cause
+        if after is not before:
+            changed.append(f"{e.name}: {before} -> {after}")
+    with capsys.disabled():
+        print(f"\nperturbation {name!r}: {len(entries) - len(changed)}/{len(entries)} same cause; "
+              f"changed: {changed or 'none'}")
+    assert not changed
 
 
 def test_what_was_logged_before_the_daemon_saw_it_ready_did_not_kill_it_while_serving() -> None:
@@ -558,3 +624,92 @@ def test_what_was_logged_before_the_daemon_saw_it_ready_did_not_kill_it_while_se
     d = diagnose(tail, phase=Phase.SERVING, ready_at=len(before.encode()),
                  exit_status=ExitStatus(signal=9))
     assert d.cause is Cause.OTHER
+
+
+# --------------------------------------------------------------------------- the catalogue and the frames (issue 23)
+
+SITE = "/usr/local/lib/python3.10/dist-packages"
+
+
+def test_a_message_of_the_stack_is_read_by_its_family_and_is_certain() -> None:
+    """SGLang 0.5.23's own KV-pool message, with numbers no rule was written for: the
+    catalogue knows it (kv_pool.startup), the message says its phase, so the reading is
+    certain and says where the words come from."""
+    d = diagnose(TS + "ValueError: Loaded weights leave no GPU memory for the KV cache under "
+                 "--mem-fraction-static=0.91. Raise --mem-fraction-static above 0.913 (minimum viable = 0.9 - "
+                 "available/pre = 0.01).\n", phase=None)
+    assert d.cause is Cause.KV_POOL_TOO_SMALL and d.certain and d.remedy is Remedy.FRACTION_UP
+    assert d.basis.startswith("catalogue: kv_pool.startup: sglang 0.5.23 ") and d.min_fraction == 0.913
+
+
+def test_a_wrapper_is_read_for_the_cuda_error_it_holds() -> None:
+    """torch's "CUDA error: <*>" holds the CUDA runtime's own description: its table names
+    the family (the environment, the hardware, a kernel fault), whatever words wrap it."""
+    cases = {
+        "RuntimeError: CUDA error: invalid device ordinal": Cause.CONFIG_ERROR,
+        "RuntimeError: CUDA error: uncorrectable ECC error encountered": Cause.GPU_HW_ERROR,
+        "torch.AcceleratorError: CUDA error: an illegal memory access was encountered": Cause.CUDA_ERROR,
+        "Some new wrapper: CUresult error: 2 (out of memory) file=csrc/utils.h line=194": Cause.CUDA_OOM_RUNTIME,
+    }
+    for line, cause in cases.items():
+        d = diagnose(TS + line + "\n", phase=Phase.SERVING, hand_rules=False)
+        assert d.cause is cause, (line, d)
+
+
+def test_a_warning_is_never_the_cause_whatever_words_it_holds() -> None:
+    """SGLang logs "Ignore import error when loading ..." as a warning; the error it quotes
+    did not kill anything. The death after it is read instead."""
+    log = (TS + "Ignore import error when loading sglang.srt.models.grok: '_OpNamespace' 'sgl_kernel' object has "
+           "no attribute 'fused_add_rmsnorm'\n" + TS + "RuntimeError: Not enough memory. Please try to increase "
+           "--mem-fraction-static.\n")
+    d = diagnose(log, phase=None)
+    assert d.cause is Cause.KV_POOL_TOO_SMALL and d.evidence_lineno == 2
+    alone = diagnose(log.splitlines()[0] + "\n", phase=Phase.SERVING)
+    assert alone.cause is Cause.OTHER and not alone.certain
+
+
+def test_new_words_are_read_by_the_code_that_raised_them_and_never_certain() -> None:
+    """An exception no rule and no catalogue entry knows: its innermost frame's module
+    (the module table, generated from the packages' trees) names the subsystem."""
+    words = "FooError: the frobnicator declined"
+    config = traceback([(f"{SITE}/sglang/srt/server_args.py", 812, "check_server_args", "raise ValueError(x)")],
+                       "ValueError: frobnicator 7 cannot go with quux")
+    loader = traceback([(f"{SITE}/sglang/srt/model_loader/loader.py", 371, "load_model", "x = y()"),
+                        (f"{SITE}/safetensors/torch.py", 12, "load_file", "z()")], "RuntimeError: " + words)
+    kernel = traceback([(f"{SITE}/sgl_kernel/elementwise.py", 40, "rmsnorm", "torch.ops.sgl_kernel.rmsnorm(x)"),
+                        (f"{SITE}/torch/_ops.py", 1158, "__call__", "return self._op(*args)")], "RuntimeError: " + words)
+    for log, cause, where in ((config, Cause.CONFIG_ERROR, "server_args.py:812"),
+                              (loader, Cause.MODEL_LOAD_ERROR, "torch.py:12"),
+                              (kernel, Cause.CUDA_ERROR, "elementwise.py:40")):
+        d = diagnose(log, phase=None, hand_rules=False)
+        assert d.cause is cause and not d.certain, (cause, d)
+        assert d.basis.startswith(f"frames: {where}") and d.unrecognised, d
+
+
+def test_a_main_process_killed_after_it_was_ready_with_nothing_logged_is_killed() -> None:
+    """The death of this rank by a signal, said so: which signal, and that nothing was
+    logged. SGLang's own teardown (a sigquit line first) is not a kill from outside."""
+    ready = TS + "The server is fired up and ready to roll!\n"
+    serving = TS + "Decode batch. #running-req: 1, #token: 30, token usage: 0.00\n"
+    d = diagnose(ready + serving, phase=Phase.SERVING, exit_status=ExitStatus(signal=9))
+    assert d.killed == "SIGKILL" and d.basis == "signal" and d.cause is Cause.OTHER
+    assert "no error was logged" in d.evidence[0]
+    teardown = ready + "[2026-03-01 12:00:01] Received sigquit from a child process. It usually means the child failed.\n"
+    assert diagnose(teardown, phase=Phase.SERVING, exit_status=ExitStatus(signal=9)).killed is None
+
+
+def test_a_newest_first_log_is_read_in_the_order_it_was_written() -> None:
+    """A cloud log viewer that lists the newest line first: the traceback's header follows
+    its frames. Read back in order, the KeyError is raised in load_weights (the checkpoint
+    does not fit the model)."""
+    lines = [
+        "[2025-04-04 06:24:51] Received sigquit from a child process. It usually means the child failed.",
+        "KeyError: 'model.layers.78.mlp.gate_up_proj.input_scale'",
+        "param = params_dict[name]",
+        f'File "{SITE}/sglang/srt/models/llama.py", line 503, in load_weights',
+        "model.load_weights(self._get_all_weights(model_config, model))",
+        f'File "{SITE}/sglang/srt/model_loader/loader.py", line 371, in load_model',
+        "[2025-04-04 06:24:51 TP7] Scheduler hit an exception: Traceback (most recent call last):",
+    ]
+    d = diagnose("\n".join(lines) + "\n", phase=None)
+    assert d.cause is Cause.MODEL_LOAD_ERROR, d

@@ -260,3 +260,18 @@ def test_the_generations_end_drains_a_serving_node_and_reports_it_as_an_echo() -
     assert node.core.state is State.PREPARING and node.core.learned.fraction == 0.88
     node.send(GroupGaveUp("gpu_hw_error on node 0"))
     assert node.core.state is State.GAVE_UP
+
+
+def test_a_rank_killed_with_nothing_logged_outranks_its_peers_echo() -> None:
+    """Node 1's main SIGKILLed while serving logs nothing; node 0 logs the peer's loss. The
+    kill is node 1's own death (local), named in the reason, whichever report came first."""
+    killed = Diagnosis(cause=Cause.OTHER, phase=Phase.SERVING, killed="SIGKILL", basis="signal",
+                       evidence=("main process killed by SIGKILL after it was ready; no error was logged since",))
+    echo = Diagnosis(cause=Cause.NCCL_ERROR, phase=Phase.SERVING,
+                     evidence=("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer",))
+    assert rank_of(killed) is Rank.LOCAL and rank_of(echo) is Rank.ECHO
+    reports = [Report(0, 1, echo, revision=10), Report(1, 1, killed, revision=12)]
+    assert root_cause(reports).node_rank == 1
+    ended = replace(first_generation(0.93, 48, "h", "n0"), ended="node 1: killed")
+    gen = next_generation(ended, reports, POLICY, leader="h0", jitter_sample=0.5)
+    assert gen.reason.startswith("node 1 (killed by SIGKILL, no error logged)")

@@ -886,6 +886,8 @@ def test_full_night_oom_at_093_relaunches_at_088() -> None:
         "part_died": None,
         "log_cause": None,
         "log_evidence": [],
+        "basis": "",
+        "unrecognised": None,
     }
     assert 9.0 <= delay <= 11.0
     record = night.core.learned.history[-1]

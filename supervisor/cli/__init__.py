@@ -4,7 +4,7 @@
     sglang-supervisor check-config --config F
     sglang-supervisor status --config F [--server NAME] [--json]       (cli/status.py)
     sglang-supervisor restart --config F [--server NAME] [--no-wait]   (cli/restart.py)
-    sglang-supervisor explain LOGFILE|- [--json]                       (cli/explain.py)
+    sglang-supervisor explain LOGFILE|- [--json] [--config F]          (cli/explain.py)
     sglang-supervisor preflight --config F [--json]                    (cli/preflight.py)
     sglang-supervisor drill --config F                                 (cli/drill.py)
     sglang-supervisor fleet list|reset --config F [...]                (cli/fleet.py)

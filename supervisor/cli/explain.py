@@ -6,8 +6,10 @@ cause when the margin is thin), the evidence with its line number, the location,
 the phase and what it was inferred from, and in one sentence what the supervisor would do
 and why. It also reports
 the startup facts the log holds (per-rank memory numbers, progress), crashed or not.
-``--json`` prints one object instead. Exit status: 0 whenever a diagnosis was produced
-(``other`` included), 2 when the log cannot be read.
+``--json`` prints one object instead. ``--config F`` adds F's own words for causes
+(``[[diagnosis.rule]]``), tried before anything else, as the daemon does. A line it could not
+name is shown with a ready-made rule to teach it. Exit status: 0 whenever a diagnosis was
+produced (``other`` included), 2 when the log or the config cannot be read.
 
 Only the tail (``diagnosis.MAX_TAIL_BYTES``) is diagnosed; the whole file is streamed once
 for the startup facts and the line numbering, so a huge log costs one sequential read.
@@ -23,8 +25,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from supervisor.cli.common import fail
+from supervisor.core.config import ConfigError, load_config
 from supervisor.core.diagnosis import MAX_TAIL_BYTES, describe_action, diagnose
-from supervisor.core.model import Diagnosis, ExitStatus, Phase, StartupFacts
+from supervisor.core.model import Diagnosis, ExitStatus, Phase, SiteRule, StartupFacts
+from supervisor.core.site_rules import rule_toml
 from supervisor.core.startup_facts import StartupFactsParser
 
 _CHUNK = 1024 * 1024
@@ -46,6 +51,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="the server's exit status as Popen reports it (-9 = killed by SIGKILL)",
+    )
+    p.add_argument(
+        "--config",
+        "-c",
+        default=None,
+        metavar="F",
+        help="read the log with F's own words for causes too ([[diagnosis.rule]]; with several "
+        "[[server]], the top-level ones)",
     )
 
 
@@ -139,7 +152,15 @@ def _text(obj: dict[str, Any]) -> str:
     if exception and not any(exception in line for line in evidence):  # say it once
         rows.append(("exception", exception))
     rows.extend((key, obj[key]) for key in ("location", "rank") if obj[key])
+    if obj.get("basis"):
+        rows.append(("basis", obj["basis"]))
     rows.append(("action", obj["action"]))
+    if obj.get("unrecognised"):
+        rows.append(("unnamed", obj["unrecognised"]))
+        rule = rule_toml(obj["unrecognised"], obj["cause"])
+        if rule is not None:
+            rows.append(("teach it", "if you know what this line means, add to the config (docs/diagnosis.md):"))
+            rows.extend(("", line) for line in rule.splitlines())
     startup = obj["startup"]
     if startup["ranks"] or startup["progress"] not in ("unknown", "launching"):
         summary = ", ".join(
@@ -154,6 +175,12 @@ def _text(obj: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``explain``; the exit status."""
+    site_rules: tuple[SiteRule, ...] = ()
+    if getattr(args, "config", None):
+        try:
+            site_rules = load_config(args.config).diagnosis.rules
+        except ConfigError as exc:
+            return fail(str(exc))
     try:
         reading = _read(args.logfile)
     except OSError as exc:
@@ -161,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     exit_status = ExitStatus.from_returncode(args.exit_code) if args.exit_code is not None else None
     phase = Phase(args.phase) if args.phase else None
-    d = diagnose(reading.tail, exit_status=exit_status, phase=phase)
+    d = diagnose(reading.tail, exit_status=exit_status, phase=phase, site_rules=site_rules)
     obj = report(d, reading.parser.facts, first_lineno=reading.tail_first_lineno)
     reconfigure = getattr(sys.stdout, "reconfigure", None)
     if reconfigure is not None:  # a log's odd bytes must not crash the report

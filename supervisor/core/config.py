@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.core.fleet import FLEET_PREFIX
+from supervisor.core.model import Cause, Phase, SiteRule
+from supervisor.core.site_rules import SITE_CAUSES, pattern_problem
 
 DEFAULT_COMMAND = ("python", "-m", "sglang.launch_server")
 DEFAULT_LADDER = (0.93, 0.88, 0.85, 0.82, 0.80)
@@ -364,6 +366,16 @@ class ReportConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class DiagnosisConfig:
+    """A site's own words (docs/diagnosis.md, "A site's own words"): ``[[diagnosis.rule]]``
+    tables, each a bounded regex (``match``) and the ``cause`` it names, with an optional
+    ``phase`` and ``certain``; tried on every line of a crash before anything else reads it.
+    Built by ``_build_diagnosis`` (the TOML key is ``rule``, an array of tables)."""
+
+    rules: tuple[SiteRule, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class StateConfig:
     dir: str = field(default="/var/lib/sglang-supervisor", metadata=_rule("a directory path", bool))
 
@@ -383,6 +395,7 @@ class Config:
     group: GroupConfig = field(default_factory=GroupConfig)
     fleet: FleetConfig = field(default_factory=FleetConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
+    diagnosis: DiagnosisConfig = field(default_factory=DiagnosisConfig)
     # Not a TOML key: the stem of the file it came from ("kimi" for kimi.toml).
     name: str = "supervisor"
     # Not a TOML key: with several ``[[server]]`` entries, one whole config per server (its
@@ -513,6 +526,8 @@ def _did_you_mean(word: str, choices: typing.Iterable[str], form: str) -> str:
 def _build_section(where: str, section: str, cls: type, raw: Any) -> Any:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: [{section}] must be a table, not {_show(raw)}")
+    if cls is DiagnosisConfig:
+        return _build_diagnosis(where, raw)
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
@@ -534,6 +549,61 @@ def _build_section(where: str, section: str, cls: type, raw: Any) -> Any:
             raise ConfigError(f"{where}: [{section}] {key} = {_show(value)}: must be {rule}")
         kwargs[key] = converted
     return cls(**kwargs)
+
+
+_RULE_KEYS = ("match", "cause", "phase", "certain")
+_RULE_EXAMPLE = "e.g. match = 'MyKernelError: .{0,80} failed'"
+
+
+def _build_diagnosis(where: str, raw: dict[str, Any]) -> DiagnosisConfig:
+    """``[diagnosis]``: its one key ``rule``, an array of tables (``[[diagnosis.rule]]``)."""
+    for key in raw:
+        if key != "rule":
+            hint = _did_you_mean(key, ("rule",), "'{}'")
+            raise ConfigError(f"{where}: [diagnosis] {key}: unknown key{hint} (known: rule, as [[diagnosis.rule]] tables)")
+    entries = raw.get("rule", [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ConfigError(f"{where}: [diagnosis] rule = {_show(entries)}: must be an array of tables, "
+                          "each written [[diagnosis.rule]] with match and cause")
+    return DiagnosisConfig(rules=tuple(_site_rule(f"{where}: [[diagnosis.rule]] #{i}", entry)
+                                       for i, entry in enumerate(entries, 1)))
+
+
+def _site_rule(label: str, entry: dict[str, Any]) -> SiteRule:
+    """One ``[[diagnosis.rule]]`` table; ``label`` names it ("kimi.toml: [[diagnosis.rule]] #2")."""
+    for key in entry:
+        if key not in _RULE_KEYS:
+            hint = _did_you_mean(key, _RULE_KEYS, "'{}'")
+            raise ConfigError(f"{label} {key}: unknown key{hint} (known: {', '.join(sorted(_RULE_KEYS))})")
+    causes = ", ".join(str(c) for c in SITE_CAUSES)
+    if "match" not in entry:
+        raise ConfigError(f"{label} match: missing: a regex searched in each line of a crash ({_RULE_EXAMPLE})")
+    match = entry["match"]
+    if not isinstance(match, str):
+        raise ConfigError(f"{label} match = {_show(match)}: must be a string, a regex ({_RULE_EXAMPLE})")
+    if (problem := pattern_problem(match)) is not None:
+        raise ConfigError(f"{label} match = {_show(match)}: {problem}")
+    if "cause" not in entry:
+        raise ConfigError(f"{label} cause: missing: the cause the line names, one of {causes}")
+    value = entry["cause"]
+    cause = next((c for c in SITE_CAUSES if isinstance(value, str) and value == str(c)), None)
+    if cause is None:
+        if isinstance(value, str) and value in {str(c) for c in Cause}:
+            raise ConfigError(f"{label} cause = {_show(value)}: the daemon's own cause, never read from a log "
+                              f"(one of {causes})")
+        hint = _did_you_mean(value, [str(c) for c in SITE_CAUSES], "'{}'") if isinstance(value, str) else ""
+        raise ConfigError(f"{label} cause = {_show(value)}: unknown cause{hint} (one of {causes})")
+    phase: Phase | None = None
+    if "phase" in entry:
+        value = entry["phase"]
+        phase = next((p for p in Phase if isinstance(value, str) and value == str(p)), None)
+        if phase is None:
+            hint = _did_you_mean(value, [str(p) for p in Phase], "'{}'") if isinstance(value, str) else ""
+            raise ConfigError(f'{label} phase = {_show(value)}: must be "starting" or "serving"{hint}')
+    certain = entry.get("certain", False)
+    if not isinstance(certain, bool):
+        raise ConfigError(f"{label} certain = {_show(certain)}: must be true or false")
+    return SiteRule(match=match, cause=cause, phase=phase, certain=certain)
 
 
 # The flags build_argv sets from [server] keys, with SGLang's aliases. extra_args must not set

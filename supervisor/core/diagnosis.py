@@ -54,6 +54,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from itertools import accumulate
 
+from supervisor.core import catalogue as _catalogue
 from supervisor.core.model import Cause, Diagnosis, ExitStatus, Phase, Remedy, SiteRule
 from supervisor.core.startup_facts import line_rank
 
@@ -82,16 +83,17 @@ _PREFIX = re.compile(
     r"|(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)(?: \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,6})?)?"
     r"(?: \d{1,10})? \[?[\w.-]{1,60}:\d{1,6}\]"  # vLLM "ERROR 03-23 21:43:38 [worker.py:620]"
     r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):"  # uvicorn "ERROR:    "
+    r"|(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)(?= \d{4}-\d\d-\d\d)"  # a log viewer's "ERROR 2025-04-05T00:01:19Z"
     r"|kernel:"
 )
-_EXC = re.compile(r"([A-Za-z_]\w{0,100}(?:\.[A-Za-z_]\w{0,100}){0,8})(?::(?: (.*))?$|\((.*)$)")
+_EXC = re.compile(r"([A-Za-z_]\w{0,100}(?:\.[A-Za-z_]\w{0,100}){0,8})(?::(?: (.*))?$|\((.*)$|$)")
 _EXC_SUFFIXES = ("Error", "Exception", "Exit", "Interrupt", "Failure", "Fault")
 _FRAME = re.compile(r'File "([^"\n]{1,500})", line (\d{1,7}), in ([\w<>.-]{1,200})')
 _TRACEBACK = "traceback (most recent call last)"
 _DIGITS = re.compile(r"\d+")
 _CARETS = re.compile(r"[\^~\s]+")  # the markers under a source line (Python >= 3.11)
 # An exception message that continues on the next lines (NCCL names the CUDA failure there).
-_DETAILS_FOLLOW = ("unhandled cuda error", "last error:")
+_DETAILS_FOLLOW = ("unhandled cuda error", "unhandled system error", "nccl_debug=info for details", "last error:")
 
 
 def _strip_prefix(line: str) -> str:
@@ -118,8 +120,11 @@ def _parse_exception(line: str) -> tuple[str, str] | None:
     if m is None:
         return None
     name = m.group(1)
-    if not name.rsplit(".", 1)[-1].endswith(_EXC_SUFFIXES):
+    last = name.rsplit(".", 1)[-1]
+    if not last.endswith(_EXC_SUFFIXES):
         return None
+    if m.end(1) == len(body) and last in _EXC_SUFFIXES:
+        return None  # a bare "Error" is a word, not an exception's name
     # vLLM's repr form: OutOfMemoryError('CUDA out of memory...')
     repr_form = m.group(3)
     message = repr_form.rstrip(")").strip("'\"") if repr_form is not None else (m.group(2) or "").strip()
@@ -781,6 +786,55 @@ RULES: tuple[_Rule, ...] = (
 )
 _NEEDLES: tuple[str, ...] = tuple(dict.fromkeys(n for rule in RULES for n in rule.needles))
 
+
+# --------------------------------------------------------------------------- the catalogue's families
+
+# What each family of the stack's messages means (docs/diagnosis.md says why). A family is
+# read as a pseudo-rule, so its findings go through the same phase, certainty and remedy
+# logic as a rule's. ``generic`` and ``other`` are not here: they name no cause.
+def _family(name: str, cause: Cause, **kw: object) -> _Rule:
+    return _Rule(f"family {name}", cause, (), origin="catalogue", **kw)  # type: ignore[arg-type]
+
+
+FAMILIES: dict[str, _Rule] = {
+    "cuda.memory": _family("cuda.memory", Cause.CUDA_OOM_RUNTIME, phased=True, usual_phase=Phase.SERVING),
+    "cuda.hardware": _family("cuda.hardware", Cause.GPU_HW_ERROR),
+    "cuda.launch": _family("cuda.launch", Cause.CUDA_ERROR),
+    "cuda.toolchain": _family("cuda.toolchain", Cause.CUDA_ERROR, remedy=Remedy.GIVE_UP),
+    "cuda.environment": _family("cuda.environment", Cause.CONFIG_ERROR),
+    "cuda.other": _family("cuda.other", Cause.CUDA_ERROR),
+    "host.memory": _family("host.memory", Cause.HOST_OOM),
+    "hint.memory": _family("hint.memory", Cause.OTHER, strength="hint", runner_up=Cause.HOST_OOM),
+    "kv_pool.startup": _family("kv_pool.startup", Cause.KV_POOL_TOO_SMALL, usual_phase=Phase.STARTING,
+                               phase_in_text=True),
+    "kv_pool.exhausted": _family("kv_pool.exhausted", Cause.KV_POOL_TOO_SMALL, usual_phase=Phase.SERVING,
+                                 phase_in_text=True),
+    "nccl.error": _family("nccl.error", Cause.NCCL_ERROR),
+    "nccl.echo": _family("nccl.echo", Cause.NCCL_ERROR, strength="echo"),
+    "port.bind": _family("port.bind", Cause.PORT_IN_USE),
+    "config.args": _family("config.args", Cause.CONFIG_ERROR),
+    "model.load": _family("model.load", Cause.MODEL_LOAD_ERROR),
+    "watchdog": _family("watchdog", Cause.WATCHDOG_HANG, usual_phase=Phase.SERVING, phase_in_text=True),
+}
+# A child that ended: a hint when SIGKILL ended it (exit code -9), else nothing of its own.
+_PROCESS_EXIT = "process.exit"
+_NAMELESS = frozenset({"generic", "other", _PROCESS_EXIT})  # known words that name no cause
+
+# New words, read by the code that raised them: the subsystem of the innermost frame that
+# is not plumbing (catalogue.modules(), generated from the packages' trees) -> a reading.
+# Never certain; the basis names the frame.
+_SKIPPED_SUBSYSTEMS = frozenset({"dispatch"})
+_CONFIG_TYPES = frozenset({"ValueError", "TypeError", "AssertionError", "NotImplementedError", "KeyError",
+                           "ArgumentError", "ArgumentTypeError", "ValidationError"})
+FRAME_READINGS: dict[str, _Rule] = {
+    "config": _Rule("frames config", Cause.CONFIG_ERROR, (), origin="frames"),
+    "model_load": _Rule("frames model_load", Cause.MODEL_LOAD_ERROR, (), origin="frames"),
+    "cuda": _Rule("frames cuda", Cause.CUDA_ERROR, (), origin="frames"),
+    # an error in communication code: the rank's own, or what it saw when a peer died first
+    "distributed": _Rule("frames distributed", Cause.NCCL_ERROR, (), origin="frames", strength="echo"),
+    "memory": _Rule("frames memory", Cause.KV_POOL_TOO_SMALL, (), origin="frames"),
+}
+
 # Causes that are often the consequence of another failure (a peer killed by the kernel
 # shows up as an NCCL timeout); a kernel OOM-killer line overrides them.
 _CONSEQUENTIAL = frozenset({Cause.NCCL_ERROR, Cause.WATCHDOG_HANG, Cause.OTHER})
@@ -901,11 +955,37 @@ def _unmangle(parts: list[str]) -> tuple[list[str], list[int] | None]:
         pieces = [line]
         if len(line) > _JOINED_LINE_CHARS:
             cuts = [m.end() for m in _JOIN_POINT.finditer(line, 0, 64 * MAX_LINE_CHARS)][:200]
+            # Never between a line's own log prefix and its message ("... [executor.py:383] torch.XError: ...").
+            cuts = [c for k, c in enumerate(cuts) if _strip_prefix(line[(cuts[k - 1] if k else 0):c]).strip()]
             if cuts:
                 pieces = [line[a:b] for a, b in zip([0, *cuts], [*cuts, len(line)], strict=True)]
         lines.extend(pieces)
         orig.extend([i] * len(pieces))
     return lines, orig
+
+
+_ISO_STAMP = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?")
+
+
+def _newest_first(parts: list[str]) -> bool:
+    """A log pasted from a viewer that lists the newest line first: its timestamps go down,
+    or its tracebacks' headers come after their frames ("Traceback (most recent call last)"
+    is always followed by its first frame when written)."""
+    stamps = [m.group(0).replace(" ", "T").replace(",", ".") for line in parts[:4000]
+              if (m := _ISO_STAMP.search(line[:120])) is not None]
+    pairs = list(zip(stamps, stamps[1:], strict=False))
+    down, up = sum(a > b for a, b in pairs), sum(a < b for a, b in pairs)
+    if down >= 5 and down >= 4 * up:
+        return True
+    before = after = 0
+    for i, line in enumerate(parts[:MAX_LINES]):
+        if _TRACEBACK not in line.lower():
+            continue
+        near_before = any(_FRAME.search(parts[j]) for j in range(max(0, i - 2), i))
+        near_after = any(_FRAME.search(parts[j]) for j in range(i + 1, min(len(parts), i + 3)))
+        before += near_before and not near_after
+        after += near_after
+    return before > after
 
 
 class _Log:
@@ -926,6 +1006,12 @@ class _Log:
         # The first line (an index into parts) logged after the daemon saw the server ready.
         ready_part = None if lines_after_ready is None else max(0, len(parts) - 1 - lines_after_ready)
         parts, self._orig = _unmangle(parts)
+        if _newest_first(parts):
+            # A log viewer that shows the newest line first: read it in the order it was written.
+            orig = self._orig if self._orig is not None else list(range(len(parts)))
+            parts, self._orig = parts[::-1], orig[::-1]
+            if ready_part is not None:
+                ready_part = None  # the daemon never hands over such a log; a file's offset means nothing here
         self._lines = parts
         self._low_text = "\n".join(parts).lower()  # lower() never makes or takes a newline
         self._low_lines = self._low_text.split("\n")
@@ -1137,25 +1223,211 @@ class _Finding:
     index: int  # the evidence line
     end: int  # last line of its logical line
     support: int  # a supporting line (== index when none)
+    basis: str = ""  # what the reading rests on (Diagnosis.basis)
+    cited: bool = False  # the evidence is a message of the stack's own code (catalogue or a cited rule)
 
 
 _RUNNER_UP_LINES = 40  # candidate lines read past the first naming finding, for a runner-up
-_STRENGTHS = ("names", "hint", "echo")
+_STRENGTHS = ("names", "frames", "hint", "echo")
+# Words of a line that may report a failure: such lines are looked up in the catalogue.
+_ERROR_WORDS = (
+    "error", "exception", "fail", "fatal", "abort", "cannot ", "can't ", "unable to", "invalid", "not supported",
+    "unsupported", "out of memory", "timed out", "timeout", "refused", "denied", "not found", "no such",
+    "mismatch", "exceeded", "insufficient", "illegal", "assert", "corrupt", "segmentation", "killed", "crash",
+    "died", "lost", "must be", "expected", "warn", "exit code", "no kernel image", "already in use",
+)
+# A level word in the log prefix (vLLM, uvicorn, Python logging, c10's glog "[W1130 ...]").
+_LEVEL = re.compile(r"(?<![\w-])(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)(?![\w-])|\[([WIEF])\d{3,4} \d\d:\d\d:\d\d")
+_BELOW_ERROR = frozenset({"DEBUG", "INFO", "WARNING", "WARN", "W", "I"})
 
 
-def _find(log: _Log) -> tuple[_Finding | None, _Finding | None]:
+def _explicit_level(text: str) -> str | None:
+    """The level a log prefix states, if any (NCCL's "NCCL WARN" reports its errors: not a level)."""
+    prefix = text[: len(text) - len(_strip_prefix(text))]
+    m = _LEVEL.search(prefix)
+    if m is None:
+        return None
+    return m.group(1) or m.group(2)
+
+
+# The families, most specific first: when one line holds several messages of the stack (a
+# wrapper and what it wraps, an NCCL error and the CUDA failure under it), the most specific
+# is the cause: NCCL failed because a CUDA allocation did.
+_SPECIFIC = ("cuda.memory", "cuda.hardware", "cuda.launch", "cuda.toolchain", "cuda.environment", "host.memory",
+             "kv_pool.startup", "kv_pool.exhausted", "port.bind", "watchdog", "model.load", "config.args", "nccl.error",
+             "nccl.echo", "cuda.other", "hint.memory")
+# A family whose words say little ("unknown error" of CUDA's table): a hand rule that reads the
+# same line (nvidia-smi's "Unable to determine the device handle") goes first.
+_WEAK_FAMILIES = frozenset({"cuda.other"})
+_NCCL_MEMORY = _family("cuda.memory via nccl", Cause.CUDA_OOM_STARTUP, phased=True, usual_phase=Phase.STARTING)
+
+
+@dataclass(frozen=True, slots=True)
+class _Reading:
+    """What the catalogue makes of one line: the family it names (None: none), the entry
+    that says so, whether an NCCL message carried it, whether the stack prints the line's
+    words below error level only, and whether the match is sure: the line holds the whole
+    message, or enough of its opening words (``_SURE_LETTERS``) to leave no doubt."""
+
+    family: str | None
+    entry: _catalogue.Entry | None
+    via_nccl: bool = False
+    below: bool = False
+    sure: bool = True
+
+
+_SURE_LETTERS = 2 * _catalogue.MIN_LITERAL_CHARS
+
+
+def _sure(m: _catalogue.Match) -> bool:
+    return m.whole or m.entry.literal >= _SURE_LETTERS
+
+
+def _resolve(m: _catalogue.Match, depth: int = 0) -> tuple[str | None, _catalogue.Entry, bool, bool]:
+    """A match's family: a wrapper's is what it holds when the catalogue knows that (the
+    CUDA table's description, another message, read again), nothing when it holds an error
+    the catalogue does not know, else its own."""
+    entry = m.entry
+    nccl = entry.origin.startswith("nvidia-nccl") or "nccl" in entry.pattern.lower() or "cuda failure" in entry.pattern.lower()
+    for value in m.values:  # a placeholder that holds a table's entry: "*** SIGBUS received at ...", "error 2 (out of memory)"
+        held = _catalogue.catalogue().table_entry(value)
+        if held is not None and held.family in FAMILIES:
+            return held.family, held, nccl, True
+    if m.inner and depth < 3:
+        inner = _read_text(m.inner, depth + 1)
+        if inner.family is not None and inner.entry is not None:
+            return inner.family, inner.entry, nccl or inner.via_nccl, inner.sure
+        if _parse_exception(m.inner) is not None or inner.entry is not None:
+            return None, entry, nccl, True  # it wraps an error the stack names no cause for
+    return (entry.family if entry.family in FAMILIES else None), entry, nccl, _sure(m)
+
+
+def _read_text(text: str, depth: int = 0) -> _Reading:
+    cat = _catalogue.catalogue()
+    table = cat.match(text, tables=True) if depth else None
+    if table is not None:
+        return _Reading(table.entry.family if table.entry.family in FAMILIES else None, table.entry,
+                        table.entry.origin.startswith("nvidia-nccl"))
+    found = cat.matches(text)
+    tail = cat.table_tail(text)
+    if not found and tail is None:
+        return _Reading(None, None)
+    primary = cat.primary(found)
+    if primary is not None and primary.entry.logged_below_error:
+        return _Reading(None, primary.entry, below=True)  # the line is a warning's words, whatever it quotes
+    readings = [_resolve(f, depth) for f in found]
+    if tail is not None:
+        readings.append((tail.family if tail.family in FAMILIES else None, tail, False, True))
+    named = [r for r in readings if r[0] is not None]
+    if not named:
+        return _Reading(None, found[0].entry if found else tail)
+    family, entry, nccl, sure = min(named, key=lambda r: (_SPECIFIC.index(r[0]) if r[0] in _SPECIFIC else len(_SPECIFIC),
+                                                         not r[3]))
+    return _Reading(family, entry, nccl, sure=sure)
+
+
+def _catalogue_reading(text: str, exc: tuple[str, str] | None) -> _Reading:
+    """What the catalogue makes of a line (its exception's message when the line as a whole
+    matches nothing).
+
+    The message the line opens with decides the level (``Catalogue.primary``): a warning's
+    words are a warning, whatever messages it quotes after them. Of the families the line's
+    messages name, the most specific wins (``_SPECIFIC``): a C++ library's message is matched
+    piece by piece ("CUDA out of memory. Tried to allocate" and "Including non-PyTorch
+    memory" are both in one OOM line), and a wrapper holds what it wraps."""
+    body = _strip_prefix(text)
+    reading = _read_text(body)
+    if reading.entry is None and exc is not None and exc[1]:
+        reading = _read_text(exc[1])
+    return reading
+
+
+def read_line(line: str) -> tuple[str | None, _catalogue.Entry | None]:
+    """How the diagnosis reads one log line with the catalogue: the family it names (None:
+    none, or a line printed below error level) and the entry that says so."""
+    reading = _catalogue_reading(line, _parse_exception(line))
+    return (None if reading.below else reading.family), reading.entry
+
+
+def _family_finding(log: _Log, reading: _Reading, i: int, end: int) -> _Finding | None:
+    """A catalogue reading as a finding. A CUDA failure raised while allocating pinned host
+    memory (its frames say so) is the host's memory, not the device's; a device OOM that an
+    NCCL message reports happened where NCCL allocates: at start-up, unless the log says
+    otherwise."""
+    if reading.family is None or reading.entry is None:
+        return None
+    rule = FAMILIES[reading.family]
+    entry = reading.entry
+    basis = f"catalogue: {reading.family}: {entry.origin}"
+    if reading.family in ("cuda.memory", "cuda.other") and (pinned := _pinned_host_context(log, i)) is not None:
+        return _Finding(FAMILIES["host.memory"], i, end, pinned, basis=f"{basis}; pinned host memory in its frames",
+                        cited=True)
+    if reading.family == "cuda.memory" and reading.via_nccl:
+        rule = _NCCL_MEMORY
+    if not reading.sure:
+        basis += " (the line holds only its opening words)"
+    return _Finding(rule, i, end, i, basis=basis, cited=reading.sure)
+
+
+def _wraps_another(exc: tuple[str, str]) -> bool:
+    """An exception whose message is another exception ("Capture cuda graph failed: TypeError:
+    ..."), or a bare ``Exception`` with no message (its text follows on the next lines): its
+    own frames are where it was re-raised, not where the error was."""
+    message = exc[1].strip()
+    if not message:
+        return exc[0].rsplit(".", 1)[-1] == "Exception"
+    return _parse_exception(message.split(": ", 1)[-1]) is not None
+
+
+def _frames_finding(log: _Log, i: int, end: int, exc: tuple[str, str]) -> _Finding | None:
+    """An exception no rule and no catalogue entry names, read by the code that raised it:
+    the innermost frame of its traceback in a subsystem the module table knows."""
+    for j in log.traceback_lines(i):
+        fm = _FRAME.search(log.text(j))
+        if fm is None:
+            continue
+        path, lineno, func = fm.groups()
+        sub: str | None = _catalogue.subsystem(path)
+        if any(h in func.lower() for h in _LOADER_HINTS):
+            sub = "model_load"  # raised while loading the checkpoint, whatever module holds the loader
+        if sub is None or sub in _SKIPPED_SUBSYSTEMS:
+            continue
+        rule = FRAME_READINGS.get(sub)
+        if rule is None:
+            return None  # raised in code of no failure family (the scheduler, a model): other
+        if sub == "config" and exc[0].rsplit(".", 1)[-1] not in _CONFIG_TYPES:
+            return None
+        name = path.replace("\\", "/").rsplit("/", 1)[-1]
+        return _Finding(rule, i, end, j, basis=f"frames: {name}:{lineno} {func} ({sub}, {_catalogue.module_path(path)})")
+    return None
+
+
+def _rule_finding(rule: _Rule, i: int, end: int, support: int, found: set[str]) -> _Finding:
+    cited = any(rule.cite_of(n) is not None for n in found & set(rule.needles))
+    kind = "rule" if cited else "corpus rule"
+    return _Finding(rule, i, end, support, basis=f"{kind} {rule.name}", cited=cited)
+
+
+def _find(log: _Log, hand_rules: bool = True) -> tuple[_Finding | None, _Finding | None]:
     """The first failure of the crash, and the first one of another cause after it.
 
-    The first line (in log order, whichever rank printed it) that names a cause wins; when
-    none does, the first hint (a SIGKILL, an ENOMEM); when there is no hint either, the
-    first echo (a closed peer connection, a collective timeout), which is then all we have.
+    Each line that may report a failure (a rule's needle, an exception, error words) is
+    read, in log order: a line printed below error level is skipped; then the hand rules
+    (``hand_rules``), then the catalogue's family of the message, then, for an exception
+    of new words, the frames that raised it. The first line that names a cause wins; else
+    the first frames reading; else the first hint (a SIGKILL, an ENOMEM); else the first
+    echo (a closed peer connection, a collective timeout), which is then all we have.
     """
-    hits = log.find_needles(_NEEDLES, log.crash_start)
+    hits = log.find_needles(_NEEDLES, log.crash_start) if hand_rules else {}
+    if log.count - log.crash_start <= MAX_CANDIDATES:
+        candidates = set(range(log.crash_start, log.count))  # a short crash: every line is read
+    else:
+        candidates = set(hits) | set(log.find_lines(_ERROR_WORDS, log.crash_start))
     consumed = -1
     first: dict[str, _Finding] = {}
     found_all: list[_Finding] = []
     after_names = 0
-    for i in sorted(hits)[-MAX_CANDIDATES:]:
+    for i in sorted(candidates)[-MAX_CANDIDATES:]:
         if i <= consumed or log.is_frame(i) or log.is_code(i):
             continue
         if "names" in first:
@@ -1164,14 +1436,37 @@ def _find(log: _Log) -> tuple[_Finding | None, _Finding | None]:
                 break
         text, end = log.logical(i)
         consumed = end
-        found = set().union(*(hits.get(j, ()) for j in range(i, end + 1)))
-        for rule in RULES:
-            support = rule.matches(log, i, text, found)
-            if support is not None:
-                finding = _Finding(rule, i, end, support)
-                first.setdefault(rule.strength, finding)
-                found_all.append(finding)
-                break
+        level = _explicit_level(log.text(i))
+        if (level in _BELOW_ERROR and "nccl warn" not in log.low(i)) or "nccl info" in log.low(i):
+            continue  # a warning or an information line never killed anything
+        exc = log.exception(i)
+        reading = _catalogue_reading(text, exc)
+        if reading.below and level is None:
+            continue  # the stack prints these words as a warning
+        finding = _family_finding(log, reading, i, end)
+        if finding is not None and reading.family in _WEAK_FAMILIES and hand_rules:
+            finding = None  # only CUDA's generic words: a rule that knows the line better may read it
+        if finding is None and reading.entry is not None and reading.entry.family == _PROCESS_EXIT \
+                and _SIGKILLED.search(text):
+            finding = _Finding(_SIGKILL_RULE, i, end, i, basis=f"catalogue: {_PROCESS_EXIT}: {reading.entry.origin}",
+                               cited=True)
+        if finding is None and hand_rules:
+            found = set().union(*(hits.get(j, ()) for j in range(i, end + 1)))
+            for rule in RULES:
+                support = rule.matches(log, i, text, found)
+                if support is not None:
+                    finding = _rule_finding(rule, i, end, support, found)
+                    break
+            if finding is None and reading.family in _WEAK_FAMILIES:
+                finding = _family_finding(log, reading, i, end)
+        if finding is None and exc is not None and not any(g in log.low(i) for g in _GENERIC) \
+                and not _wraps_another(exc):
+            finding = _frames_finding(log, i, end, exc)
+        if finding is None:
+            continue
+        strength = "frames" if finding.rule.origin == "frames" and finding.rule.strength == "names" else finding.rule.strength
+        first.setdefault(strength, finding)
+        found_all.append(finding)
     chosen = next((first[s] for s in _STRENGTHS if s in first), None)
     if chosen is None:
         return None, None
@@ -1180,6 +1475,8 @@ def _find(log: _Log) -> tuple[_Finding | None, _Finding | None]:
 
 
 _PORT_RULE = next(r for r in RULES if r.name == "port")
+_SIGKILL_RULE = next(r for r in RULES if r.name == "sigkill")
+_SIGKILLED = re.compile(r"(?:exit ?code|return ?code|terminated with)[:= ]{0,3}-9\b|signal 9\b", re.IGNORECASE)
 _BIND_FAILED = ("error while attempting to bind",)
 _HTTP_BOUND = ("uvicorn running on",)
 
@@ -1241,6 +1538,41 @@ def _phase_at(
     return None, None, "unknown"
 
 
+# The functions that print a message say when it can be printed: the catalogue records each
+# message's function ("... logger.error in _launch_subprocesses").
+_STARTUP_FUNCS = frozenset({"launch", "ready", "init", "initialize", "load", "capture", "warmup", "profile", "dummy",
+                            "allocate", "configure", "startup", "subprocesses"})
+_SERVING_FUNCS = frozenset({"event", "forward", "batch", "generate", "decode", "prefill", "step", "busy", "serve"})
+_ORIGIN_FUNC = re.compile(r" in (\w+)$")
+_PRINTER_LINES = 400  # lines of the crash read for a message printed by start-up or serving code only
+
+
+def _phase_by_printer(log: _Log) -> tuple[Phase, str] | None:
+    """The phase the crash's own messages say by the code that prints them: a message of
+    the stack printed only by start-up code (SGLang's "Rank <*> scheduler is dead", logged
+    while waiting for the schedulers to be ready) means the server never came up."""
+    seen: set[Phase] = set()
+    said = ""
+    for i in range(log.crash_start, min(log.count, log.crash_start + _PRINTER_LINES)):
+        if log.is_frame(i) or log.is_code(i) or not log.low(i).strip():
+            continue
+        found = _catalogue.catalogue().matches(_strip_prefix(log.text(i)))
+        primary = _catalogue.catalogue().primary(found)
+        m = _ORIGIN_FUNC.search(primary.entry.origin) if primary is not None else None
+        if m is None or primary is None:
+            continue
+        func = m.group(1).lower()
+        if func.startswith("__"):
+            continue  # a constructor or a dunder runs in any phase
+        words = set(func.strip("_").split("_"))
+        phase = (Phase.STARTING if words & _STARTUP_FUNCS
+                 else Phase.SERVING if words & _SERVING_FUNCS else None)
+        if phase is not None:
+            seen.add(phase)
+            said = said or f"catalogue: {primary.entry.head[:60]!r} is printed by {m.group(1)} ({phase} code)"
+    return (seen.pop(), said) if len(seen) == 1 else None
+
+
 def _evidence(log: _Log, lines: list[int], support: int | None = None) -> tuple[str, ...]:
     """The error's lines in order, then the line that supports reading it that way."""
     order = sorted(set(lines))
@@ -1273,6 +1605,10 @@ def _from_finding(log: _Log, f: _Finding, other: _Finding | None, given: Phase |
     phase, stage, source = _phase_at(log, log.report_lines(f.index, f.end), f.index, given)
     if phase is None and rule.usual_phase is not None and rule.phase_in_text:
         phase, source = rule.usual_phase, f"evidence: this message is printed only while {rule.usual_phase}"
+    if phase is None:
+        printed = _phase_by_printer(log)
+        if printed is not None:
+            phase, source = printed
     phase_known = phase is not None
     phase = phase or rule.usual_phase or Phase.STARTING
     cause, override = rule.cause, rule.remedy
@@ -1282,7 +1618,10 @@ def _from_finding(log: _Log, f: _Finding, other: _Finding | None, given: Phase |
             override = Remedy.CLEAR_GPU  # the weights/pool did not fit: a lower fraction won't help
     if cause is Cause.KV_POOL_TOO_SMALL and phase is Phase.SERVING:
         override = Remedy.RESTART  # pool exhausted by load: a higher fraction costs activations
-    certain = rule.strength == "names" and (phase_known or cause not in _PHASE_DEPENDENT)
+    # Certain: the evidence is a message of the stack's own code (a catalogue entry, or a rule
+    # citing the line that prints it) that names the cause, and the phase is known where the
+    # remedy depends on it. A frames reading, a corpus-only rule or a hint never is.
+    certain = rule.strength == "names" and f.cited and (phase_known or cause not in _PHASE_DEPENDENT)
     runner_up = rule.runner_up
     if not certain:
         if rule.phased:
@@ -1299,6 +1638,8 @@ def _from_finding(log: _Log, f: _Finding, other: _Finding | None, given: Phase |
     evidence = _evidence(log, [header, *range(f.index, f.end + 1)], f.support)
     if rule.strength == "hint":
         evidence = (*evidence, _killed_summary(log, f))
+    if rule.origin == "frames":
+        evidence = (*evidence, f"read by the code that raised it: {f.basis.removeprefix('frames: ')}")
     if not phase_known:
         source = f"unknown (assumed {phase}, the usual phase of this error)"
     return Diagnosis(
@@ -1315,6 +1656,8 @@ def _from_finding(log: _Log, f: _Finding, other: _Finding | None, given: Phase |
         certain=certain,
         phase_source=source,
         runner_up=runner_up if runner_up is not cause else None,
+        basis=f.basis,
+        unrecognised=None if certain and cause is not Cause.OTHER else _catalogue.normalise(log.text(header).strip())[:300],
     )
 
 
@@ -1353,6 +1696,7 @@ def _other(log: _Log, given: Phase | None, exit_status: ExitStatus | None) -> Di
             certain=False,
             phase_source=source if phase else "unknown (assumed starting)",
             runner_up=Cause.HOST_OOM if killed else None,
+            unrecognised=_catalogue.normalise(log.text(i).strip())[:300],
         )
     phase, _, source = _phase_at(log, log.report_lines(log.count - 1, log.count - 1), log.count - 1, given)
     return Diagnosis(
@@ -1408,16 +1752,21 @@ def _diagnose(
     oom_kill_delta: int | None,
     ready_at: int | None = None,
     site_rules: Sequence[SiteRule] = (),
+    hand_rules: bool = True,
 ) -> Diagnosis:
     log = _Log(tail_text(tail), lines_after_ready=_lines_after(tail, ready_at))
     if site_rules:
         taught = _site_reading(log, site_rules, phase)
         if taught is not None:
             return taught
-    finding, other = _find(log)
+    finding, other = _find(log, hand_rules)
     if finding is None or finding.rule.strength != "names":
         finding = _bind_failure_before_ready(log) or finding
-    diagnosis = _from_finding(log, finding, other, phase) if finding else _other(log, phase, exit_status)
+    killed = _killed_quietly(log, exit_status) if finding is None or finding.rule.strength == "echo" else None
+    if killed is not None:
+        diagnosis = killed
+    else:
+        diagnosis = _from_finding(log, finding, other, phase) if finding else _other(log, phase, exit_status)
     record = kernel_oom_line(kernel_log, pids)
     if record is None and oom_kill_delta is not None and oom_kill_delta > 0:
         record = f"cgroup memory.events: oom_kill +{oom_kill_delta} while the server ran"
@@ -1433,6 +1782,35 @@ def _diagnose(
             min_fraction=None,
         )
     return diagnosis
+
+
+# Lines that say the server failed, though they name nothing: after one of them, a death by a
+# signal is SGLang's own teardown (it SIGKILLs its tree), not a kill from outside.
+_FAILURE_MARKS = (*_GENERIC, "traceback (most recent call last)", "kill_process_tree", "crashed", "died",
+                  "terminated with", "exit code")
+
+
+def _killed_quietly(log: _Log, exit_status: ExitStatus | None) -> Diagnosis | None:
+    """A main process killed by a signal with nothing logged since it was last ready but
+    serving lines (or a peer's echo): a local death of this rank, by that signal."""
+    if exit_status is None or exit_status.signal is None or log.ready_index is None:
+        return None
+    start = log.crash_start
+    if log.find_lines(_FAILURE_MARKS, start, last=1):
+        return None
+    if any(log.exception(i) is not None for i in range(start, log.count)):
+        return None
+    name = exit_status.describe().removeprefix("killed by ")
+    return Diagnosis(
+        cause=Cause.OTHER,
+        phase=Phase.SERVING,
+        evidence=(f"main process killed by {name} after it was ready; no error was logged since",),
+        certain=False,
+        phase_source="daemon: it was ready" if log.ready_index else "markers: a ready line before the end",
+        runner_up=Cause.HOST_OOM if exit_status.signal == 9 else None,
+        basis="signal",
+        killed=name,
+    )
 
 
 def _site_reading(log: _Log, rules: Sequence[SiteRule], given: Phase | None) -> Diagnosis | None:
@@ -1487,6 +1865,7 @@ def diagnose(
     oom_kill_delta: int | None = None,
     ready_at: int | None = None,
     site_rules: Sequence[SiteRule] = (),
+    hand_rules: bool = True,
 ) -> Diagnosis:
     """Why the server died, from the tail of its output.
 
@@ -1498,10 +1877,12 @@ def diagnose(
     ``ready_at`` is where in ``tail`` (a byte offset) the server was last ready, when the
     daemon saw it ready: what was logged before it did not kill the server while serving.
     ``site_rules`` (``[[diagnosis.rule]]``) are tried first, on every line of the crash.
+    ``hand_rules=False`` reads with the catalogue and the frames alone (the rules written
+    from logs switched off): how it does on words it was never shown.
     ``evidence_lineno`` is 1-based within the tail that was read. Never raises.
     """
     try:
-        return _diagnose(tail, exit_status, phase, kernel_log, pids, oom_kill_delta, ready_at, site_rules)
+        return _diagnose(tail, exit_status, phase, kernel_log, pids, oom_kill_delta, ready_at, site_rules, hand_rules)
     except Exception as exc:  # the daemon needs an answer whatever the bytes say
         return Diagnosis(
             cause=Cause.OTHER,

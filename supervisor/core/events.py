@@ -377,6 +377,11 @@ class Crash(Event):
     part_died: str | None = None
     log_cause: Cause | None = None  # on a hang or a requested restart, what the log said
     log_evidence: tuple[str, ...] = ()
+    # What the reading rests on (Diagnosis.basis: "catalogue: ...", "rule NAME: ...", "site rule N: ...").
+    basis: str = ""
+    # The crash's first error line, normalised, when the reading is `other` or uncertain: the
+    # report offers it to a person as a [[diagnosis.rule]] to paste (Diagnosis.unrecognised).
+    unrecognised: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -201,6 +201,8 @@ def next_generation(ended: Generation, reports: Sequence[Report], cfg: PolicyCon
     if diagnosis.remedy is Remedy.FRACTION_DOWN and ended.fraction is not None:
         oom.add(ended.fraction)
     where = f"node {chosen.node_rank}" if chosen is not None else "the group"
+    if diagnosis.killed:
+        where += f" (killed by {diagnosis.killed}, no error logged)"
     return Generation(
         number=ended.number + 1,
         fraction=decision.fraction,

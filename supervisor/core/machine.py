@@ -634,6 +634,8 @@ def _crash_event(
         # On a hang or a restart we asked for, what the server's own log said is kept.
         log_cause=None if log_diagnosis is None else log_diagnosis.cause,
         log_evidence=() if log_diagnosis is None else tuple(log_diagnosis.evidence),
+        basis=diagnosis.basis,
+        unrecognised=diagnosis.unrecognised,
     )
 
 

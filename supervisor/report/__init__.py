@@ -10,6 +10,7 @@ matplotlib", pyproject.toml).
 from __future__ import annotations
 
 import socket
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
@@ -17,12 +18,14 @@ from typing import Any
 
 from supervisor.core.config import Config, alert_instance, server_configs, unit_name
 from supervisor.core.night import Night, summarize
+from supervisor.core.site_rules import rule_toml
 from supervisor.sinks.alerts import Context, describe
 from supervisor.sinks.gpuring import Ring, read_ring
 from supervisor.sinks.journal import read_journal
 
 EVENT_ROWS_MAX = 300
 TEXT_ROWS_MAX = 40
+UNNAMED_MAX = 20  # lines in "Crashes it could not name", the most recent ones
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +120,45 @@ def summary_rows(sn: ServerNight) -> list[tuple[str, str]]:
     return rows
 
 
+@dataclass(frozen=True, slots=True)
+class Unnamed:
+    """A line of SGLang's log it could not name (normalised), the crashes that ended on it,
+    and the ``[[diagnosis.rule]]`` to paste that teaches it (None: too little text for one)."""
+
+    line: str
+    reading: str  # "other", or "cuda_oom_runtime (uncertain)": what it settled on
+    times: tuple[float, ...]
+    rule: str | None
+
+
+def unnamed_crashes(records: Sequence[dict[str, Any]]) -> list[Unnamed]:
+    """The crashes read as ``other`` or uncertain that kept their first error line
+    (``unrecognised``), one entry per line and reading, oldest first; the last ``UNNAMED_MAX``."""
+    found: dict[tuple[str, str], list[float]] = {}
+    for r in records:
+        line = r.get("unrecognised")
+        if r.get("kind") != "crash" or not isinstance(line, str) or not line.strip():
+            continue
+        cause = str(r.get("cause") or "other")
+        if cause != "other" and r.get("certain") is not False:
+            continue
+        reading = cause if cause == "other" else f"{cause} (uncertain)"
+        found.setdefault((line.strip(), reading), []).append(float(r["t"]))
+    out = [Unnamed(line=line, reading=reading, times=tuple(times), rule=rule_toml(line, reading.split(" ")[0]))
+           for (line, reading), times in found.items()]
+    return sorted(out, key=lambda u: u.times[0])[-UNNAMED_MAX:]
+
+
+UNNAMED_HELP = ("If you know what a line means, paste its rule into the config, set the cause, and reload "
+                "(systemctl reload): the next crash that prints it is read as that cause (docs/diagnosis.md).")
+
+
+def unnamed_when(u: Unnamed, tz: tzinfo) -> str:
+    times = ", ".join(clock_time(t, tz) for t in u.times[-6:])
+    more = f" and {len(u.times) - 6} more" if len(u.times) > 6 else ""
+    return f"{times}{more}" + (f" ({len(u.times)} crashes)" if len(u.times) > 1 else "")
+
+
 def event_line(r: dict[str, Any]) -> str:
     """A journal record in a few words (the events table and the text report)."""
     k, g = str(r.get("kind")), r.get
@@ -167,6 +209,14 @@ def text(nights: Sequence[ServerNight], *, tz: tzinfo, title: str) -> str:
         width = max(len(k) for k, _ in summary_rows(sn))
         lines += [f"  {k:<{width}}  {v}" for k, v in summary_rows(sn)]
         lines.append("")
+        unnamed = unnamed_crashes(sn.records)
+        if unnamed:
+            lines += ["Crashes it could not name:", *textwrap.wrap(UNNAMED_HELP, 100, initial_indent="  ",
+                                                                   subsequent_indent="  ")]
+            for u in unnamed:
+                lines += ["", f"  {unnamed_when(u, tz)}: read as {u.reading}", f"    line: {u.line}"]
+                lines += [f"    {rule_line}" for rule_line in (u.rule or "(too little text in it for a rule)").splitlines()]
+            lines.append("")
         shown = notable(sn.records)
         lines.append("The night:" if len(shown) <= TEXT_ROWS_MAX else
                      f"The night (its last {TEXT_ROWS_MAX} of {len(shown)} events; the HTML report shows up to {EVENT_ROWS_MAX}):")

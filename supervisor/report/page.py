@@ -8,7 +8,16 @@ import html
 from collections.abc import Sequence
 from datetime import datetime, tzinfo
 
-from supervisor.report import ServerNight, chart, event_line, notable, summary_rows
+from supervisor.report import (
+    UNNAMED_HELP,
+    ServerNight,
+    chart,
+    event_line,
+    notable,
+    summary_rows,
+    unnamed_crashes,
+    unnamed_when,
+)
 
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px auto; max-width: 1240px;
@@ -24,6 +33,9 @@ th { background: #f4f4f4; }
 td.t { white-space: nowrap; font-variant-numeric: tabular-nums; color: #444; }
 tr.crash td { color: #b00; font-weight: 600; }
 img.chart { width: 100%; max-width: 1200px; border: 1px solid #eee; }
+code.line { white-space: pre-wrap; word-break: break-all; }
+pre.rule { background: #f6f8fa; border: 1px solid #ddd; padding: 6px 10px; margin: 4px 0; white-space: pre-wrap;
+           word-break: break-all; }
 """
 
 
@@ -55,6 +67,16 @@ def render(nights: Sequence[ServerNight], *, tz: tzinfo, title: str, titles: Seq
         parts.append("<h3>Summary</h3><table>")
         parts += [f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in summary_rows(sn)]
         parts.append("</table>")
+        unnamed = unnamed_crashes(sn.records)
+        if unnamed:
+            parts.append(f'<h3>Crashes it could not name</h3><p class="meta">{_e(UNNAMED_HELP)}</p>')
+            parts.append('<table class="unnamed"><tr><th>when</th><th>read as</th><th>the line, and the rule to paste</th></tr>')
+            for u in unnamed:
+                rule = (f'<pre class="rule">{_e(u.rule)}</pre>' if u.rule
+                        else "<p>(too little text in it for a rule)</p>")
+                parts.append(f'<tr><td class="t">{_e(unnamed_when(u, tz))}</td><td>{_e(u.reading)}</td>'
+                             f'<td><code class="line">{_e(u.line)}</code>{rule}</td></tr>')
+            parts.append("</table>")
         parts.append("<h3>The night's events</h3><table><tr><th>time</th><th>event</th></tr>")
         for r in notable(sn.records):
             cls = ' class="crash"' if r.get("kind") in ("crash", "gave_up") else ""

@@ -195,9 +195,25 @@ Wording = Callable[[Callable[..., Any], str, str, "Context"], str]
 """(the event's field getter, who ("sglang NAME on HOST"), host, context) -> the sentence."""
 
 
+UNRECOGNISED_CHARS = 120  # the line it could not name, in a crash alert's sentence
+
+
+def _cut(text: object, limit: int) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
 def _crash(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
-    unsure = " (probably; the log is not conclusive)" if f("certain") is False else ""
-    sentence = f"{who} died of {_died_of(f('cause'), f('phase'))}{unsure} at {_fraction(f('mem_fraction_static'))}; "
+    at = _fraction(f("mem_fraction_static"))
+    line = f("unrecognised")
+    if f("cause") == "other" and line:
+        sentence = f"{who} crashed at {at} with an error it does not recognise: {_cut(line, UNRECOGNISED_CHARS)}; "
+    elif f("certain") is False:
+        phase = f" while {f('phase')}" if f("phase") else ""
+        seen = f": {_cut(line, UNRECOGNISED_CHARS)}" if line else ""
+        sentence = f"{who} crashed at {at}; unsure of the cause (read as {f('cause')}{phase}, uncertain){seen}; "
+    else:
+        sentence = f"{who} died of {_died_of(f('cause'), f('phase'))} at {at}; "
     if f("next_retry_s") is None:
         return sentence + "not restarting; needs a human"
     sentence += f"restarting at {_fraction(f('next_mem_fraction_static', f('mem_fraction_static')))}"
@@ -340,6 +356,7 @@ class AlertPayload(TypedDict):
     attempt: object
     next_retry_s: object
     message: str
+    unrecognised: str | None
 
 
 # The retained state snapshot; functional syntax because "from" is a keyword.
@@ -374,6 +391,7 @@ def build_alert(
         return None
     before, after = _before_after(kind, fields, context)
     evidence = fields.get("evidence")
+    unrecognised = fields.get("unrecognised")
     if evidence is None and kind == "gpu_memory_stuck":
         evidence = [json.dumps(g, default=str) for g in fields.get("gpus") or []]
     return {
@@ -393,6 +411,8 @@ def build_alert(
         "message": truncate_evidence(
             describe(kind, fields, host=host, instance=instance, context=context), MESSAGE_MAX_CHARS
         ),
+        # a crash's line it could not name (normalised), for a person to teach it ([[diagnosis.rule]])
+        "unrecognised": truncate_evidence(unrecognised, evidence_max_chars) if unrecognised else None,
     }
 
 

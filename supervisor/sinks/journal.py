@@ -9,7 +9,10 @@ event that is not ``quiet`` (the per-probe and per-GPU-sample ones) is one line 
 
 ``t`` is the wall clock (epoch seconds, for the report's time axis), then the event's edge
 form (``Event.fields()``), without the launch argv (it may hold secrets and the report does
-not need it) and with evidence cut to ``EVIDENCE_LINES`` lines.
+not need it) and with evidence cut to ``EVIDENCE_LINES`` lines of ``EVIDENCE_CHARS``. A crash's
+``unrecognised`` line (what it could not name, for the report's "Crashes it could not name")
+is cut to ``EVIDENCE_CHARS`` too: like the evidence it is a line of SGLang's own log, already
+in the server log, never the argv.
 
 Bounded and rotated: when the file passes ``max_bytes`` it becomes ``journal.jsonl.1`` (the
 older ones shift up to ``.N``, ``backups`` of them; the oldest is deleted). With the defaults
@@ -36,6 +39,7 @@ from supervisor.core.events import Event
 
 JOURNAL = "journal.jsonl"
 EVIDENCE_LINES = 8
+EVIDENCE_CHARS = 500  # each evidence line, the unrecognised line and the basis are cut to this
 LINE_MAX_CHARS = 8192  # one runaway field must not fill the journal
 DROP_FIELDS = ("argv",)  # secrets (--api-key ...), and the report does not need it
 
@@ -54,7 +58,10 @@ def journal_line(event: Event, t: float) -> str:
         fields.pop(name, None)
     for name in ("evidence", "log_evidence"):
         if isinstance(fields.get(name), list):
-            fields[name] = [str(line)[:500] for line in fields[name][:EVIDENCE_LINES]]
+            fields[name] = [str(line)[:EVIDENCE_CHARS] for line in fields[name][:EVIDENCE_LINES]]
+    for name in ("unrecognised", "basis"):  # one line of SGLang's log, or what a reading rests on
+        if isinstance(fields.get(name), str):
+            fields[name] = fields[name][:EVIDENCE_CHARS]
     ts = datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     line = json.dumps({"t": round(t, 3), "ts": ts, "kind": event.kind, **fields}, default=str, ensure_ascii=False,
                       separators=(",", ":"))
