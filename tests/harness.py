@@ -94,6 +94,17 @@ def merge_servers(configs: Sequence[Path], path: Path, gpus: Sequence[Sequence[i
     return path
 
 
+def read_events(log: Path) -> list[dict[str, Any]]:
+    """The JSON lines of a daemon's log (other lines, a traceback's say, are skipped)."""
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
 class DaemonHung(AssertionError):
     """A daemon did not exit in time after SIGTERM: it was SIGKILLed with its process group."""
 
@@ -162,13 +173,7 @@ class DaemonRun:
         )
 
     def events(self) -> list[dict[str, Any]]:
-        out = []
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-        return out
+        return read_events(self.log_path)
 
     def find(self, event: str, **match: Any) -> list[dict[str, Any]]:
         return [e for e in self.events() if e.get("event") == event and all(e.get(k) == v for k, v in match.items())]

@@ -888,6 +888,7 @@ def test_full_night_oom_at_093_relaunches_at_088() -> None:
         "log_evidence": [],
         "basis": "",
         "unrecognised": None,
+        "killed": None,
     }
     assert 9.0 <= delay <= 11.0
     record = night.core.learned.history[-1]

@@ -7,7 +7,6 @@ its cancellation: the bug class that once kept a daemon alive for 22 minutes aft
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import REPO, write_config
+from harness import REPO, read_events, write_config
 
 from supervisor.core.config import load_config
 from supervisor.daemon import EXIT_SHUTDOWN_OVERDUE, SHUTDOWN_MARGIN_S, shutdown_deadline_s
@@ -45,16 +44,6 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def _events(path: Path) -> list[dict]:
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
-
-
 async def test_a_task_that_ignores_its_cancellation_cannot_hold_the_stop(tmp_path: Path, no_leftovers: str) -> None:
     with Broker(tmp_path / "broker") as broker:
         cfg_path = write_config(tmp_path, {
@@ -72,7 +61,7 @@ async def test_a_task_that_ignores_its_cancellation_cannot_hold_the_stop(tmp_pat
                                     stderr=err, cwd=REPO, start_new_session=True)
         try:
             t0 = time.monotonic()
-            while not any(e.get("event") == "server_ready" for e in _events(log)):
+            while not any(e.get("event") == "server_ready" for e in read_events(log)):
                 assert proc.poll() is None, log.read_text()[-3000:]
                 assert time.monotonic() - t0 < 60, "the server never became ready"
                 time.sleep(0.1)
@@ -84,7 +73,7 @@ async def test_a_task_that_ignores_its_cancellation_cannot_hold_the_stop(tmp_pat
 
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
-        events = _events(log)
+        events = read_events(log)
         overdue = [e for e in events if e.get("event") == "shutdown_overdue"]
         assert code == EXIT_SHUTDOWN_OVERDUE, log.read_text()[-3000:]
         assert len(overdue) == 1, overdue

@@ -535,3 +535,12 @@ def test_a_certain_crash_keeps_its_words() -> None:
     p = alert(crash(cause=Cause.CUDA_OOM_RUNTIME, remedy=Remedy.FRACTION_DOWN, certain=True, unrecognised=None,
                     next_mem_fraction_static=0.88))
     assert p["message"] == "sglang kimi on gpu-node-3 died of a CUDA OOM while serving at 0.93; restarting at 0.88 in 10 s"
+
+
+def test_a_kill_from_outside_is_said_in_words() -> None:
+    """A main process killed after it was ready with nothing logged: the alert says which
+    signal and that nothing was logged, not "an error it does not recognise"."""
+    p = alert(crash(killed="SIGKILL", unrecognised=None, evidence=(
+        "main process killed by SIGKILL after it was ready; no error was logged since",)))
+    assert p["message"] == ("sglang kimi on gpu-node-3 was killed by SIGKILL at 0.93 after it was ready; nothing was "
+                            "logged since; restarting at 0.93 in 10 s")

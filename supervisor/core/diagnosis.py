@@ -1408,15 +1408,45 @@ def _rule_finding(rule: _Rule, i: int, end: int, support: int, found: set[str]) 
     return _Finding(rule, i, end, support, basis=f"{kind} {rule.name}", cited=cited)
 
 
+def _line_finding(log: _Log, i: int, text: str, end: int, hits: dict[int, set[str]],
+                  hand_rules: bool) -> _Finding | None:
+    """What line ``i`` (``text``: its logical line, to ``end``) says of the crash, if anything:
+    nothing when it is printed below error level; else the catalogue's family of its message,
+    the hand rules for words the catalogue cannot hold (or reads only as CUDA's generic
+    words), and, for an exception of new words, the frames that raised it."""
+    level = _explicit_level(log.text(i))
+    if (level in _BELOW_ERROR and "nccl warn" not in log.low(i)) or "nccl info" in log.low(i):
+        return None  # a warning or an information line never killed anything
+    exc = log.exception(i)
+    reading = _catalogue_reading(text, exc)
+    if reading.below and level is None:
+        return None  # the stack prints these words as a warning
+    finding = _family_finding(log, reading, i, end)
+    weak = finding is not None and reading.family in _WEAK_FAMILIES and hand_rules
+    if finding is None and reading.entry is not None and reading.entry.family == _PROCESS_EXIT \
+            and _SIGKILLED.search(text):
+        return _Finding(_SIGKILL_RULE, i, end, i, basis=f"catalogue: {_PROCESS_EXIT}: {reading.entry.origin}",
+                        cited=True)
+    if (finding is None or weak) and hand_rules:
+        found = set().union(*(hits.get(j, ()) for j in range(i, end + 1)))
+        for rule in RULES:
+            support = rule.matches(log, i, text, found)
+            if support is not None:
+                return _rule_finding(rule, i, end, support, found)
+    if finding is None and exc is not None and not any(g in log.low(i) for g in _GENERIC) \
+            and not _wraps_another(exc):
+        return _frames_finding(log, i, end, exc)
+    return finding
+
+
 def _find(log: _Log, hand_rules: bool = True) -> tuple[_Finding | None, _Finding | None]:
     """The first failure of the crash, and the first one of another cause after it.
 
-    Each line that may report a failure (a rule's needle, an exception, error words) is
-    read, in log order: a line printed below error level is skipped; then the hand rules
-    (``hand_rules``), then the catalogue's family of the message, then, for an exception
-    of new words, the frames that raised it. The first line that names a cause wins; else
-    the first frames reading; else the first hint (a SIGKILL, an ENOMEM); else the first
-    echo (a closed peer connection, a collective timeout), which is then all we have.
+    Each line that may report a failure is read in log order (``_line_finding``): every
+    line of a short crash; in a long one, those with a rule's words, an exception or error
+    words. The first line that names a cause wins; else the first frames reading; else the
+    first hint (a SIGKILL, an ENOMEM); else the first echo (a closed peer connection, a
+    collective timeout), which is then all we have.
     """
     hits = log.find_needles(_NEEDLES, log.crash_start) if hand_rules else {}
     if log.count - log.crash_start <= MAX_CANDIDATES:
@@ -1436,36 +1466,11 @@ def _find(log: _Log, hand_rules: bool = True) -> tuple[_Finding | None, _Finding
                 break
         text, end = log.logical(i)
         consumed = end
-        level = _explicit_level(log.text(i))
-        if (level in _BELOW_ERROR and "nccl warn" not in log.low(i)) or "nccl info" in log.low(i):
-            continue  # a warning or an information line never killed anything
-        exc = log.exception(i)
-        reading = _catalogue_reading(text, exc)
-        if reading.below and level is None:
-            continue  # the stack prints these words as a warning
-        finding = _family_finding(log, reading, i, end)
-        if finding is not None and reading.family in _WEAK_FAMILIES and hand_rules:
-            finding = None  # only CUDA's generic words: a rule that knows the line better may read it
-        if finding is None and reading.entry is not None and reading.entry.family == _PROCESS_EXIT \
-                and _SIGKILLED.search(text):
-            finding = _Finding(_SIGKILL_RULE, i, end, i, basis=f"catalogue: {_PROCESS_EXIT}: {reading.entry.origin}",
-                               cited=True)
-        if finding is None and hand_rules:
-            found = set().union(*(hits.get(j, ()) for j in range(i, end + 1)))
-            for rule in RULES:
-                support = rule.matches(log, i, text, found)
-                if support is not None:
-                    finding = _rule_finding(rule, i, end, support, found)
-                    break
-            if finding is None and reading.family in _WEAK_FAMILIES:
-                finding = _family_finding(log, reading, i, end)
-        if finding is None and exc is not None and not any(g in log.low(i) for g in _GENERIC) \
-                and not _wraps_another(exc):
-            finding = _frames_finding(log, i, end, exc)
+        finding = _line_finding(log, i, text, end, hits, hand_rules)
         if finding is None:
             continue
-        strength = "frames" if finding.rule.origin == "frames" and finding.rule.strength == "names" else finding.rule.strength
-        first.setdefault(strength, finding)
+        frames = finding.rule.origin == "frames" and finding.rule.strength == "names"
+        first.setdefault("frames" if frames else finding.rule.strength, finding)
         found_all.append(finding)
     chosen = next((first[s] for s in _STRENGTHS if s in first), None)
     if chosen is None:

@@ -382,6 +382,9 @@ class Crash(Event):
     # The crash's first error line, normalised, when the reading is `other` or uncertain: the
     # report offers it to a person as a [[diagnosis.rule]] to paste (Diagnosis.unrecognised).
     unrecognised: str | None = None
+    # "SIGKILL" when the main process was killed by that signal after it was ready and nothing
+    # was logged since (Diagnosis.killed): a death from outside, said so.
+    killed: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -636,6 +636,7 @@ def _crash_event(
         log_evidence=() if log_diagnosis is None else tuple(log_diagnosis.evidence),
         basis=diagnosis.basis,
         unrecognised=diagnosis.unrecognised,
+        killed=diagnosis.killed,
     )
 
 

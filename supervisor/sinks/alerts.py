@@ -206,7 +206,9 @@ def _cut(text: object, limit: int) -> str:
 def _crash(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
     at = _fraction(f("mem_fraction_static"))
     line = f("unrecognised")
-    if f("cause") == "other" and line:
+    if f("killed"):
+        sentence = f"{who} was killed by {f('killed')} at {at} after it was ready; nothing was logged since; "
+    elif f("cause") == "other" and line:
         sentence = f"{who} crashed at {at} with an error it does not recognise: {_cut(line, UNRECOGNISED_CHARS)}; "
     elif f("certain") is False:
         phase = f" while {f('phase')}" if f("phase") else ""
