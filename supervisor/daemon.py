@@ -27,7 +27,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 from supervisor.adapters.ports import (
     ControlError,
@@ -37,7 +37,7 @@ from supervisor.adapters.ports import (
     ReapedChild,
     ReaperError,
     ReaperHandle,
-    ServerHandle,
+    SdNotifier,
     Store,
     StoreError,
 )
@@ -45,19 +45,13 @@ from supervisor.aio import cancel_and_wait, where, within
 from supervisor.core import events as ev
 from supervisor.core import machine
 from supervisor.core.config import Config, ConfigError, alert_instance, server_configs, unit_name
-from supervisor.core.machine import Boot, Core
+from supervisor.core.machine import Boot
 from supervisor.core.model import State
 from supervisor.unit import ServerUnit, wall_now
 
 
-class Notifier(Protocol):
-    """systemd's notify protocol, as the watchdog loop uses it (``sdnotify.Notifier``)."""
-
-    def watchdog(self) -> None: ...
-
-
 async def watchdog_loop(
-    notifier: Notifier,
+    notifier: SdNotifier,
     interval_s: float,
     alive: Callable[[], bool] | None = None,
     *,
@@ -153,15 +147,6 @@ class Daemon:
             cfg, self.p, self, label=name, store=self.p.store_at(cfg.state.dir),
             gpu_probe=self.p.gpu_probe_for(cfg.gpu), sinks=self.p.server_sinks.get(name, ()),
         )
-
-    # A single [server]: the daemon is its one unit (what tests and callers read).
-    @property
-    def core(self) -> Core | None:
-        return self.units[0].core
-
-    @property
-    def server(self) -> ServerHandle | None:
-        return self.units[0].server
 
     def unit(self, name: str) -> ServerUnit:
         return next(u for u in self.units if u.name == name)

@@ -30,9 +30,9 @@ import contextlib
 import json
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from supervisor.adapters.ports import Etcd, EtcdError, KeyValue, Lease
+from supervisor.adapters.ports import Etcd, EtcdError, KeyValue, Lease, WatchEvent
 from supervisor.aio import cancel_and_wait, within
 from supervisor.core import events as ev
 from supervisor.core.config import Config
@@ -40,38 +40,20 @@ from supervisor.core.fleet import parse_flags
 from supervisor.core.group import (
     GROUP_PREFIX,
     Generation,
+    GroupView,
+    LeaderMemo,
+    LeaderRules,
+    NodeInfo,
     Report,
     config_hash,
     diagnosis_from_dict,
-    first_generation,
-    next_generation,
+    leader_step,
 )
 from supervisor.core.machine import Event, GroupEnded, GroupGaveUp, GroupLaunch
 from supervisor.core.model import Diagnosis, State
 from supervisor.core.policy import exponential_backoff
 
-TICK_S = 0.5  # the leader looks again at least this often
 RECONNECT_MAX_S = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class NodeInfo:
-    rank: int
-    state: str
-    generation: int
-    config_hash: str
-    host: str = ""
-    pid: int | None = None
-
-
-@dataclass(slots=True)
-class View:
-    """The group as the last read of etcd saw it."""
-
-    generation: Generation | None = None
-    generation_rev: int = 0  # its mod revision (0: absent), for compare-and-swap
-    nodes: dict[int, NodeInfo] = field(default_factory=dict)
-    reports: dict[int, dict[int, KeyValue]] = field(default_factory=dict)  # generation -> rank -> report
 
 
 class GroupSync:
@@ -90,13 +72,15 @@ class GroupSync:
         self._post = post
         self.emit = emit
         self.rng = rng or random.Random()
-        self.view = View()
+        self.view = GroupView()
+        self._records: dict[str, KeyValue] = {}  # what etcd holds under the prefix, kept by the watch
         self.etcd_up = False
         self.leading = False
         self._lease: Lease | None = None
         self._mine = NodeInfo(cfg.group.node_rank, str(State.STOPPED), 0, config_hash, host)
         self._node_dirty = True
-        self._kick = asyncio.Event()
+        self._kick = asyncio.Event()  # the follower: something to write, or the view changed
+        self._changed = asyncio.Event()  # the leader: the view changed
         self._pending_reports: list[tuple[str, bytes]] = []
         self._posted: set[tuple[str, int]] = set()  # (what, generation) already posted to the core
         self._down_since: float | None = None
@@ -162,16 +146,21 @@ class GroupSync:
         lease = await etcd.grant(self.group.lease_ttl_s)
         self._lease = lease
         self._node_dirty = True
-        await self.refresh()
+        # One read, then one watch from the revision after it keeps the view current; the
+        # prefix is read again only in the next session, after the watch (or etcd) is lost.
+        kvs, revision = await etcd.get_prefix(self.prefix + "/")
+        self._records = {kv.key: kv for kv in kvs}
+        self._parse()
         loop = asyncio.get_running_loop()
         if self._down_since is not None:
             self.emit(ev.GroupEtcdRecovered(down_s=round(loop.time() - self._down_since, 3)))
             self._down_since = None
         self.etcd_up = True
         self.emit(ev.GroupJoined(group=self.group.name, node_rank=self.group.node_rank))
+        self._kick.set()
         tasks = [
             asyncio.create_task(etcd.keep_alive(lease), name="group-lease"),
-            asyncio.create_task(self._watch(), name="group-watch"),
+            asyncio.create_task(self._watch(revision + 1), name="group-watch"),
             asyncio.create_task(self._follow(), name="group-follow"),
             asyncio.create_task(self._lead(lease), name="group-lead"),
         ]
@@ -182,22 +171,36 @@ class GroupSync:
         finally:
             await cancel_and_wait(tasks)
 
-    async def _watch(self) -> None:
-        """Every change under the group's prefix wakes the follower and the leader."""
-        async for _change in self._etcd.watch_prefix(self.prefix + "/"):
+    async def _watch(self, start_revision: int) -> None:
+        """Every change under the group's prefix updates the view and wakes the follower and
+        the leader."""
+        async for change in self._etcd.watch_prefix(self.prefix + "/", start_revision):
+            self._apply(change)
+            self._parse()
             self._kick.set()
+            self._changed.set()
+
+    def _apply(self, change: WatchEvent) -> None:
+        if change.kind == "delete":
+            self._records.pop(change.key, None)
+        else:
+            self._records[change.key] = KeyValue(change.key, change.value, change.create_revision, change.revision)
 
     async def _follow(self) -> None:
-        """Write what we owe (our node key, reports), read the group, react as a node."""
+        """Write what we owe (our node key, reports), react to the group as a node."""
         while True:
-            with contextlib.suppress(TimeoutError):
-                await within(self._kick.wait(), TICK_S)
+            await self._kick.wait()
             self._kick.clear()
             await self._write_own()
-            await self.refresh()
             self._react()
 
     async def _write_own(self) -> None:
+        """Our reports first, then our node key: the leader, woken by each write, must never
+        see us WAITING for the next generation without the report of the last one."""
+        while self._pending_reports:
+            key, value = self._pending_reports[0]
+            await self._etcd.put_if(key, value, 0)  # once: a report already there stays first
+            self._pending_reports.pop(0)
         lease = self._lease
         if self._node_dirty and lease is not None:
             m = self._mine
@@ -205,36 +208,31 @@ class GroupSync:
                     "pid": m.pid}
             self._node_dirty = False
             await self._etcd.put(f"{self.prefix}/nodes/{m.rank}", json.dumps(body).encode(), lease)
-        while self._pending_reports:
-            key, value = self._pending_reports[0]
-            await self._etcd.put_if(key, value, 0)  # once: a report already there stays first
-            self._pending_reports.pop(0)
 
-    async def write_generation(self, gen: Generation, expect_rev: int) -> None:
-        """The leader's write: ``gen`` if the record is still at ``expect_rev`` (0: absent)."""
-        await self._etcd.put_if(f"{self.prefix}/generation", gen.to_json(), expect_rev)
-        self._kick.set()
-
-    async def refresh(self) -> None:
-        kvs, _rev = await self._etcd.get_prefix(self.prefix + "/")
-        view = View()
-        for kv in kvs:
+    def _parse(self) -> None:
+        """The view from the records: a record we cannot read is not acted on."""
+        generation, generation_rev = None, 0
+        nodes: dict[int, NodeInfo] = {}
+        reports: dict[int, dict[int, Report]] = {}
+        for kv in self._records.values():
             name = kv.key[len(self.prefix) + 1:]
             try:
                 if name == "generation":
-                    view.generation = Generation.from_json(kv.value)
-                    view.generation_rev = kv.mod_revision
+                    generation, generation_rev = Generation.from_json(kv.value), kv.mod_revision
                 elif name.startswith("nodes/"):
                     d = json.loads(kv.value)
                     rank = int(name.split("/", 1)[1])
-                    view.nodes[rank] = NodeInfo(rank, str(d.get("state")), int(d.get("generation", 0)),
-                                                str(d.get("config_hash", "")), str(d.get("host", "")), d.get("pid"))
+                    nodes[rank] = NodeInfo(rank, str(d.get("state")), int(d.get("generation", 0)),
+                                           str(d.get("config_hash", "")), str(d.get("host", "")), d.get("pid"))
                 elif name.startswith("reports/"):
                     _, number, node = name.split("/")
-                    view.reports.setdefault(int(number), {})[int(node)] = kv
-            except (ValueError, KeyError, TypeError):
-                continue  # a record we cannot read is not acted on
-        self.view = view
+                    d = json.loads(kv.value)
+                    reports.setdefault(int(number), {})[int(node)] = Report(
+                        int(node), int(number), diagnosis_from_dict(d.get("diagnosis") or {}), kv.create_revision,
+                        str(d.get("host", "")))
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+        self.view = GroupView(generation, generation_rev, nodes, reports)
 
     # -- a node's reactions -----------------------------------------------------------------
 
@@ -265,105 +263,27 @@ class GroupSync:
     # -- the leader -------------------------------------------------------------------------
 
     async def _lead(self, lease: Lease) -> None:
+        """Once elected: ``core.group.leader_step`` over the view, whenever the watch changes
+        it or a step's own due time comes (a grace, a patience, a backoff)."""
         await self._etcd.campaign(f"{self.prefix}/election", lease, self.host.encode())
         self.leading = True
         self.emit(ev.GroupLeader(group=self.group.name, node_rank=self.group.node_rank))
-        leader = _Leader(self)
-        while True:
-            await leader.decide()
-            await asyncio.sleep(TICK_S / 2)
-
-
-class _Leader:
-    """The leader's decisions over the group's records (its clock is used only for waits)."""
-
-    def __init__(self, sync: GroupSync) -> None:
-        self.s = sync
         loop = asyncio.get_running_loop()
-        self.now = loop.time
-        # Nodes get one lease TTL to register after a new leader (or etcd) comes back.
-        self.grace_until = self.now() + sync.group.lease_ttl_s
-        self.ended_seen: dict[int, float] = {}
-        self.ready_since: dict[int, float] = {}
-        self.running_since: dict[int, float] = {}  # generation -> when this leader first saw it running
-
-    async def decide(self) -> None:
-        s = self.s
-        await s.refresh()
-        view = s.view
-        nodes = view.nodes
-        gen = view.generation
-        if gen is None:
-            everyone = len(nodes) == s.group.nnodes and all(n.config_hash == s.config_hash for n in nodes.values())
-            if everyone:
-                first = first_generation(s.cfg.server.mem_fraction_static, s.cfg.server.hicache_size_gb,
-                                         s.config_hash, s.host)
-                await self._write(first, 0)
-            return
-        if gen.gave_up:
-            return
-        if not gen.ended:
-            await self._watch_running(gen, nodes, view)
-            return
-        await self._next(gen, nodes, view)
-
-    async def _watch_running(self, gen: Generation, nodes: dict[int, NodeInfo], view: View) -> None:
-        reports = view.reports.get(gen.number, {})
-        why, lost_node = "", None
-        if reports:
-            first = min(reports.values(), key=lambda kv: kv.create_revision)
-            d = json.loads(first.value)
-            why = f"node {d.get('node_rank')}: {d.get('diagnosis', {}).get('cause', 'other')}"
-        elif self.now() > max(self.grace_until, self.running_since.setdefault(gen.number, self.now())
-                              + self.s.group.lease_ttl_s):
-            # A node absent when a generation starts (its daemon being restarted) gets one
-            # lease TTL to join it before it is lost, as every node does when a leader starts.
-            lost = [r for r in range(self.s.group.nnodes) if r not in nodes]
-            if lost:
-                lost_node = lost[0]
-                why = f"node {lost_node} lost: its lease expired (its daemon or its host is gone)"
-        if why:
-            await self._write(replace(gen, ended=why, lost_node=lost_node), view.generation_rev)
-            self.s.emit(ev.GroupGenerationEnded(group=self.s.group.name, number=gen.number, reason=why))
-            return
-        head = nodes.get(0)
-        if head is not None and head.state == str(State.READY) and head.generation == gen.number and not gen.stable:
-            since = self.ready_since.setdefault(gen.number, self.now())
-            if self.now() - since >= self.s.cfg.policy.stable_after_s:
-                await self._write(replace(gen, stable=True), view.generation_rev)
-
-    async def _next(self, gen: Generation, nodes: dict[int, NodeInfo], view: View) -> None:
-        s = self.s
-        seen = self.ended_seen.setdefault(gen.number, self.now())
-        reports = view.reports.get(gen.number, {})
-        waiting_for = [r for r, n in nodes.items() if r not in reports and n.generation == gen.number
-                       and n.state not in (str(State.WAITING), str(State.GAVE_UP))]
-        patience = s.cfg.server.stop_grace_s + s.group.lease_ttl_s + 5.0
-        if waiting_for and self.now() - seen < patience:
-            return  # the others are still stopping their ranks
-        parsed = []
-        for rank, kv in reports.items():
-            d = json.loads(kv.value)
-            parsed.append(Report(rank, gen.number, diagnosis_from_dict(d.get("diagnosis") or {}), kv.create_revision,
-                                 str(d.get("host", ""))))
-        nxt = next_generation(gen, parsed, s.cfg.policy, leader=s.host, jitter_sample=s.rng.random())
-        root = nxt.root_cause or {}
-        s.emit(ev.GroupGeneration(
-            group=s.group.name, number=nxt.number, mem_fraction_static=nxt.fraction,
-            hicache_size_gb=nxt.hicache_size_gb, reason=nxt.reason, delay_s=nxt.delay_s, gave_up=nxt.gave_up,
-            root_node=root.get("node_rank"),
-            root_cause=diagnosis_from_dict(root.get("diagnosis") or {}).cause if root else None,
-            reports=tuple({"node": r.node_rank, "cause": str(r.diagnosis.cause), "rank": r.rank.name.lower(),
-                           "revision": r.revision} for r in sorted(parsed, key=lambda r: r.revision)),
-        ))
-        if nxt.delay_s > 0:
-            await asyncio.sleep(nxt.delay_s)  # one backoff for the whole group
-        await self._write(nxt, view.generation_rev)
-
-    async def _write(self, gen: Generation, expect_rev: int) -> None:
-        """Compare-and-swap: written only over the record we decided from (a second writer,
-        a leader that lost its place, loses the race and looks again)."""
-        await self.s.write_generation(gen, expect_rev)
+        rules = LeaderRules.of(self.cfg, config_hash=self.config_hash, host=self.host)
+        memo = LeaderMemo.start(loop.time(), rules)
+        while True:
+            self._changed.clear()
+            step = leader_step(self.view, loop.time(), memo, rules, jitter_sample=self.rng.random())
+            memo = step.memo
+            for event in step.events:
+                self.emit(event)
+            for write in step.writes:
+                # Compare-and-swap: written only over the record we decided from (a second
+                # writer, a leader that lost its place, loses the race and looks again).
+                await self._etcd.put_if(f"{self.prefix}/generation", write.generation.to_json(), write.expect_rev)
+            wait = None if step.next_due is None else max(0.0, step.next_due - loop.time())
+            with contextlib.suppress(TimeoutError):
+                await within(self._changed.wait(), wait)
 
 
 def node_config_hash(cfg: Config) -> str:
@@ -375,4 +295,4 @@ def node_config_hash(cfg: Config) -> str:
                        cfg.group.nnodes, cfg.group.dist_init_addr)
 
 
-__all__ = ["GroupSync", "NodeInfo", "View", "node_config_hash"]
+__all__ = ["GroupSync", "node_config_hash"]

@@ -41,7 +41,7 @@ from supervisor.adapters.ports import (
 from supervisor.aio import settled, within
 from supervisor.core import events as ev
 from supervisor.core import machine
-from supervisor.core.config import Config, alert_instance, unit_name, worker_url
+from supervisor.core.config import Config, alert_instance, http_url, unit_name, worker_url
 from supervisor.core.diagnosis import diagnose
 from supervisor.core.machine import (
     CancelTimer,
@@ -78,7 +78,7 @@ from supervisor.core.machine import (
     Timer,
     TimerFired,
 )
-from supervisor.core.model import Cause, ExitStatus, State
+from supervisor.core.model import Cause, ExitStatus, State, rfc3339
 from supervisor.core.ownership import LAUNCH_VAR, MARK_VAR, gpu_env, recorded_server, server_env
 from supervisor.core.startup_facts import StartupFactsParser
 from supervisor.routing import RouterSync
@@ -91,7 +91,7 @@ KERNEL_LOG_TAIL = 256 * 1024
 
 
 def wall_now() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return rfc3339(_dt.datetime.now(_dt.UTC))
 
 
 
@@ -136,7 +136,6 @@ class ServerUnit:
         self._timers: dict[Timer, asyncio.TimerHandle] = {}
         self._launch_task: asyncio.Task[None] | None = None
         self._probe_tasks: set[asyncio.Task[None]] = set()
-        self._prepare_task: asyncio.Task[None] | None = None
         self._recorded_pgid: int | None = None
         self._recorded_since: float | None = None  # wall time of that launch (pgid reuse guard)
         self._recorded_tree: list[tuple[int, float]] = []  # (pid, create time) seen in that tree
@@ -185,7 +184,7 @@ class ServerUnit:
             case Persist():
                 self._persist()
             case Prepare():
-                self._prepare_task = self._spawn(self._prepare(), "prepare")
+                self._spawn(self._prepare(), "prepare")
             case Launch() as launch:
                 self._launch_task = self._spawn(self._launch(launch), "launch")
             case Probe():
@@ -420,8 +419,7 @@ class ServerUnit:
     async def _probe(self) -> None:
         if self._prober is None:
             s = self.cfg.server
-            host = "127.0.0.1" if s.host in ("0.0.0.0", "::", "") else s.host
-            self._prober = self.p.prober(f"http://{_host_for_url(host)}:{s.port}{self.cfg.health.path}", self.cfg.health.timeout_s)
+            self._prober = self.p.prober(http_url(s.host, s.port, self.cfg.health.path), self.cfg.health.timeout_s)
         server = self.server
         if server is not None:
             known = len(server.tree_pids())
@@ -668,10 +666,6 @@ def _rung(fraction: float | None, cfg: Config) -> int:
     from supervisor.core.policy import rung_of
 
     return rung_of(fraction, cfg.policy.fraction_ladder)
-
-
-def _host_for_url(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
 
 
 

@@ -156,7 +156,8 @@ class DaemonRun:
     lines) in a file."""
 
     def __init__(self, config: Path, *extra: str, env: dict[str, str] | None = None,
-                 wrapper: Sequence[str] = ()) -> None:
+                 wrapper: Sequence[str] = (), tree: Path = REPO) -> None:
+        """``tree``: the checkout whose package runs (``python -m`` puts its cwd first)."""
         self.config = config
         n = 1
         while config.with_suffix(f".{n}.log.jsonl").exists():
@@ -167,7 +168,7 @@ class DaemonRun:
             [*wrapper, sys.executable, "-m", "supervisor.cli", "run", "--config", str(config), *extra],
             stdout=subprocess.DEVNULL,
             stderr=self._log,
-            cwd=REPO,
+            cwd=tree,
             env={**os.environ, **(env or {})},
             start_new_session=True,  # its process group is its own: killed whole if it hangs
         )

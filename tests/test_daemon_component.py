@@ -277,7 +277,8 @@ class Rig:
             await asyncio.sleep(0.002)
 
     def state(self) -> State | None:
-        return self.daemon.core.state if self.daemon.core else None
+        core = self.daemon.units[0].core
+        return core.state if core else None
 
     async def stop(self) -> int:
         self.daemon.request_stop("test")
@@ -338,7 +339,7 @@ async def test_state_store_failures_are_reported_once_per_episode(tmp_path):
         rig = Rig(tmp_path)
         rig.store.failing = True
         rig.start()
-        await rig.until(lambda: rig.daemon.core is not None and rig.daemon.core.pid is not None, "Launched")
+        await rig.until(lambda: (core := rig.daemon.units[0].core) is not None and core.pid is not None, "Launched")
         assert rig.store.attempts >= 2
         assert len(rig.sink.find("state_write_failed")) == 1
         assert not rig.logger.find("state_write_recovered")

@@ -288,7 +288,9 @@ async def test_tls_with_a_client_certificate(tmp_path: Path, no_leftovers: str) 
         await asyncio.to_thread(server.start)
         good = EtcdClient([server.endpoint], timeout_s=TIMEOUT_S, ca_file=str(tls.ca_cert),
                           cert_file=str(tls.server_cert), key_file=str(tls.server_key))
-        assert await good.put("/t/tls", b"ok") > 0
+        revision = await good.put("/t/tls", b"ok")
+        stored = await good.get("/t/tls")
+        assert stored is not None and (stored.value, stored.mod_revision) == (b"ok", revision)
         await good.aclose()
         bare = EtcdClient([server.endpoint], timeout_s=TIMEOUT_S, ca_file=str(tls.ca_cert))
         with pytest.raises(EtcdError, match="connect failed"):

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import io
 import signal
+import tomllib
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -168,7 +169,9 @@ def test_config_only_the_owner_may_write_is_accepted(tmp_path: Path, mode: int) 
     """Readable by others is fine; only writes matter."""
     cfg = write_config(tmp_path)
     cfg.chmod(mode)
-    assert load_config(cfg).server.port > 0
+    written = tomllib.loads(cfg.read_text())["server"]
+    loaded = load_config(cfg).server
+    assert (loaded.port, loaded.command) == (written["port"], tuple(written["command"]))
 
 
 def test_daemon_refuses_to_start_or_reload_a_writable_config(tmp_path: Path) -> None:

@@ -411,7 +411,8 @@ class EtcdClient:
                             raise self._error(op, f"etcd cancelled the watch: {resp.cancel_reason or 'no reason given'}")
                         for ev in resp.events:
                             kind: Literal["put", "delete"] = "delete" if ev.type == rpc.Event.DELETE else "put"
-                            yield WatchEvent(kind, ev.kv.key.decode(), ev.kv.value, int(ev.kv.mod_revision))
+                            yield WatchEvent(kind, ev.kv.key.decode(), ev.kv.value, int(ev.kv.mod_revision),
+                                         int(ev.kv.create_revision))
                     resp = await call.read()
                     if resp is grpc.aio.EOF:
                         raise self._error(op, "etcd closed the watch stream")

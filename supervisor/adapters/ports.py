@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 if TYPE_CHECKING:
     import signal
 
+    from structlog.typing import FilteringBoundLogger
+
     from supervisor.core.config import Config, GpuConfig
     from supervisor.core.events import Event, EventSink
     from supervisor.core.model import ExitStatus
@@ -320,6 +322,7 @@ class WatchEvent:
     key: str
     value: bytes  # empty for a delete
     revision: int  # the store's revision at this change (the key's mod_revision)
+    create_revision: int = 0  # the key's create revision (a put; 0 for a delete)
 
 
 @dataclass(frozen=True, slots=True)
@@ -471,6 +474,18 @@ OomKillReader = Callable[[str | None], int | None]
 ``cgroup.cgroup_oom_kills``)."""
 
 
+class SdNotifier(Protocol):
+    """systemd's notify protocol (``sdnotify.Notifier``): whether a message went is its own
+    business (it logs a failing socket once)."""
+
+    def ready(self) -> object: ...
+    def status(self, text: str) -> object: ...
+    def stopping(self) -> object: ...
+    def reloading(self) -> object: ...
+    def watchdog(self) -> object: ...
+    def watchdog_interval(self) -> float | None: ...
+
+
 class NullNotifier:
     """systemd's notify protocol when nobody listens: every call does nothing."""
 
@@ -489,7 +504,7 @@ class Ports:
 
     store: Store
     sinks: list[EventSink]
-    logger: Any
+    logger: FilteringBoundLogger
     cleanup: Cleanup
     preflight: Preflight
     spawner: ServerSpawner
@@ -506,8 +521,8 @@ class Ports:
     gpu_probe_for: Callable[[GpuConfig], GpuProbe] | None = None
     server_sinks: Mapping[str, Sequence[EventSink]] = field(default_factory=dict)
     # [group]: the etcd client (adapters.etcd.EtcdClient, not connected) the group sync uses.
-    group_etcd: Any = None
-    notifier: Any = field(default_factory=NullNotifier)  # sdnotify.Notifier in production
+    group_etcd: Etcd | None = None
+    notifier: SdNotifier = field(default_factory=NullNotifier)  # sdnotify.Notifier in production
     rng: random.Random = field(default_factory=random.Random)
     reload: Callable[[], Config] | None = None  # SIGHUP: re-read the config
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))

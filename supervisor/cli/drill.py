@@ -7,8 +7,8 @@ import argparse
 import asyncio
 import math
 
-from supervisor.core.config import Config
-from supervisor.sinks.alerts import default_host, drill, resolve_instance
+from supervisor.core.config import Config, alert_instance
+from supervisor.sinks.alerts import default_host, drill
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,7 +29,7 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
         print(f"drill: not sent: --timeout must be a positive number of seconds, got {timeout!r}")
         return 1
     host = getattr(args, "host_name", None) or default_host()
-    result = asyncio.run(drill(cfg.mqtt, host=host, instance=resolve_instance(cfg), timeout_s=float(timeout)))
+    result = asyncio.run(drill(cfg.mqtt, host=host, instance=alert_instance(cfg), timeout_s=float(timeout)))
     if result.acknowledged:
         print(f"drill: acknowledged: {result.detail} on {result.topic}")
         return 0

@@ -66,14 +66,25 @@ def _url(v: str) -> bool:
     return v == "" or (v.startswith(("http://", "https://")) and len(v) > len("https://") and not any(c.isspace() for c in v))
 
 
+WILDCARDS = frozenset({"0.0.0.0", "::", ""})
+
+
+def url_host(host: str) -> str:
+    """``host`` as a URL writes it: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host else host
+
+
+def http_url(host: str, port: int, path: str = "") -> str:
+    """The URL to reach a local listener bound to ``host``: a wildcard bind is reached on
+    the loopback."""
+    return f"http://{url_host('127.0.0.1' if host in WILDCARDS else host)}:{port}{path}"
+
+
 def worker_url(cfg: Config) -> str:
     """The URL the router uses for this daemon's server."""
     if cfg.router.worker_url:
         return cfg.router.worker_url.rstrip("/")
-    host = cfg.server.host if cfg.server.host not in ("0.0.0.0", "", "::") else "127.0.0.1"
-    if ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{cfg.server.port}"
+    return http_url(cfg.server.host, cfg.server.port)
 
 
 def _fraction(v: float) -> bool:

@@ -27,12 +27,13 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from supervisor.core import events as ev
 from supervisor.core import policy
-from supervisor.core.config import PolicyConfig
-from supervisor.core.model import Cause, Diagnosis, Phase, Remedy
+from supervisor.core.config import Config, PolicyConfig
+from supervisor.core.model import Cause, Diagnosis, Phase, Remedy, State
 
 GROUP_PREFIX = "/sglang-supervisor/groups"
 # A node's report of a rank it stopped because the generation had ended: never the cause.
@@ -184,12 +185,11 @@ def next_generation(ended: Generation, reports: Sequence[Report], cfg: PolicyCon
     with the streak, a cause a restart cannot fix gives up). Without a report (a node lost
     with its host) it is a plain restart."""
     chosen = root_cause(reports)
+    lost = Diagnosis(cause=Cause.OTHER, phase=Phase.SERVING, evidence=(ended.ended or "a node was lost",))
     if ended.lost_node is not None and (chosen is None or chosen.rank is Rank.ECHO):
         # A node that vanished (its daemon or host gone) outranks the echoes of its peers.
-        lost = Diagnosis(cause=Cause.OTHER, phase=Phase.SERVING, evidence=(ended.ended or "a node was lost",))
         chosen = Report(ended.lost_node, ended.number, lost, 0)
-    diagnosis = chosen.diagnosis if chosen is not None else Diagnosis(
-        cause=Cause.OTHER, phase=Phase.SERVING, evidence=(ended.ended or "a node was lost",))
+    diagnosis = chosen.diagnosis if chosen is not None else lost
     failures = 1 if ended.stable else ended.failures + 1
     decision = policy.decide(
         cause=diagnosis.cause, remedy=diagnosis.remedy, fraction=ended.fraction,
@@ -263,3 +263,203 @@ def config_hash(server: Mapping[str, Any], memory_flags: Sequence[str], ladder: 
         "dist_init_addr": dist_init_addr,
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# -- the leader --------------------------------------------------------------------------------
+#
+# One node leads (etcd's election); its decisions are ``leader_step``: a function of what etcd
+# holds (``GroupView``), the time, and what the leader remembers (``LeaderMemo``). It returns
+# the generation records to write (compare-and-swap over the revision it decided from), the
+# events to log, and when it must look again if nothing in etcd changes (``next_due``): the
+# shell waits for the watch or that time, never on a fixed tick, and never sleeps inside a
+# decision (the backoff is a due write).
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """A node's key (``nodes/<rank>``) as the group sees it."""
+
+    rank: int
+    state: str
+    generation: int
+    config_hash: str
+    host: str = ""
+    pid: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupView:
+    """The group's records in etcd, as the node's watch keeps them."""
+
+    generation: Generation | None = None
+    generation_rev: int = 0  # its mod revision (0: absent), for compare-and-swap
+    nodes: Mapping[int, NodeInfo] = field(default_factory=dict)
+    reports: Mapping[int, Mapping[int, Report]] = field(default_factory=dict)  # generation -> node -> report
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderRules:
+    """What the leader's decisions read from the config."""
+
+    group: str
+    nnodes: int
+    lease_ttl_s: float
+    stop_grace_s: float
+    stable_after_s: float
+    policy: PolicyConfig
+    config_hash: str
+    host: str
+    fraction: float | None
+    hicache_size_gb: int
+
+    @classmethod
+    def of(cls, cfg: Config, *, config_hash: str, host: str) -> LeaderRules:
+        return cls(group=cfg.group.name, nnodes=cfg.group.nnodes, lease_ttl_s=cfg.group.lease_ttl_s,
+                   stop_grace_s=cfg.server.stop_grace_s, stable_after_s=cfg.policy.stable_after_s, policy=cfg.policy,
+                   config_hash=config_hash, host=host, fraction=cfg.server.mem_fraction_static,
+                   hicache_size_gb=cfg.server.hicache_size_gb)
+
+    @property
+    def patience_s(self) -> float:
+        """How long an ended generation waits for every running node's report: its stop
+        grace, a lease TTL for a node about to vanish, and 5 s for the write to land."""
+        return self.stop_grace_s + self.lease_ttl_s + 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationWrite:
+    """Write ``generation`` if the record is still at ``expect_rev`` (0: absent), at ``due``."""
+
+    generation: Generation
+    expect_rev: int
+    due: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderMemo:
+    """What a leader remembers between its steps; a new leader starts afresh (``start``)."""
+
+    grace_until: float  # a node absent before this is not lost yet (a new leader's grace)
+    running_since: Mapping[int, float] = field(default_factory=dict)  # generation -> first seen running
+    ready_since: Mapping[int, float] = field(default_factory=dict)  # generation -> first seen READY on node 0
+    ended_seen: Mapping[int, float] = field(default_factory=dict)  # generation -> first seen ended
+    pending: GenerationWrite | None = None  # the next generation, waiting out its backoff
+    acted_on: int | None = None  # the record's revision the leader last wrote over
+
+    @classmethod
+    def start(cls, now: float, rules: LeaderRules) -> LeaderMemo:
+        """Nodes get one lease TTL to register after a new leader (or etcd) comes back."""
+        return cls(grace_until=now + rules.lease_ttl_s)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderStep:
+    memo: LeaderMemo
+    writes: tuple[GenerationWrite, ...] = ()
+    events: tuple[ev.Event, ...] = ()
+    next_due: float | None = None  # look again then, if etcd has not changed before
+
+
+def _first(*dues: float | None) -> float | None:
+    known = [d for d in dues if d is not None]
+    return min(known) if known else None
+
+
+def _write(memo: LeaderMemo, gen: Generation, expect_rev: int, *events: ev.Event) -> LeaderStep:
+    """Write ``gen`` over ``expect_rev`` now; decide nothing more until the record has moved."""
+    return LeaderStep(replace(memo, pending=None, acted_on=expect_rev), (GenerationWrite(gen, expect_rev),), events)
+
+
+def leader_step(view: GroupView, now: float, memo: LeaderMemo, rules: LeaderRules, *,
+                jitter_sample: float) -> LeaderStep:
+    """The leader's decision over the group's records (the module docstring; docs/group.md):
+
+    - no generation yet: the first, once every node registered with the same config;
+    - a generation running: it ends at its first report, or when a node is missing one lease
+      TTL after the generation started (and after the leader's own grace); node 0 READY for
+      ``stable_after_s`` marks it stable;
+    - a generation ended: once every node still running it has reported (or ``patience_s``
+      passed), the next generation from the root cause, written when its backoff is due.
+    """
+    if memo.acted_on is not None and view.generation_rev == memo.acted_on:
+        return LeaderStep(memo)  # our write is on its way back through the watch
+    memo = replace(memo, acted_on=None)
+    gen = view.generation
+    if gen is None:
+        everyone = len(view.nodes) == rules.nnodes and all(
+            n.config_hash == rules.config_hash for n in view.nodes.values())
+        if everyone:
+            first = first_generation(rules.fraction, rules.hicache_size_gb, rules.config_hash, rules.host)
+            return _write(memo, first, 0)
+        return LeaderStep(memo)
+    pending = memo.pending
+    if pending is not None:
+        if pending.expect_rev != view.generation_rev:
+            memo = replace(memo, pending=None)  # another writer moved the record: decide afresh
+        elif now >= pending.due:
+            return _write(memo, pending.generation, pending.expect_rev)
+        else:
+            return LeaderStep(memo, next_due=pending.due)
+    if gen.gave_up:
+        return LeaderStep(memo)
+    if not gen.ended:
+        return _running(view, gen, now, memo, rules)
+    return _ended(view, gen, now, memo, rules, jitter_sample)
+
+
+def _running(view: GroupView, gen: Generation, now: float, memo: LeaderMemo, rules: LeaderRules) -> LeaderStep:
+    reports = view.reports.get(gen.number, {})
+    started = memo.running_since.get(gen.number, now)
+    memo = replace(memo, running_since={**memo.running_since, gen.number: started})
+    why, lost_node, due = "", None, None
+    if reports:
+        first = min(reports.values(), key=lambda r: r.revision)
+        why = f"node {first.node_rank}: {first.diagnosis.cause}"
+    else:
+        lost = [r for r in range(rules.nnodes) if r not in view.nodes]
+        # A node absent when a generation starts (its daemon being restarted) gets one lease
+        # TTL to join it before it is lost, as every node does when a leader starts.
+        deadline = max(memo.grace_until, started + rules.lease_ttl_s)
+        if lost and now >= deadline:
+            lost_node = lost[0]
+            why = f"node {lost_node} lost: its lease expired (its daemon or its host is gone)"
+        elif lost:
+            due = deadline
+    if why:
+        return _write(memo, replace(gen, ended=why, lost_node=lost_node), view.generation_rev,
+                      ev.GroupGenerationEnded(group=rules.group, number=gen.number, reason=why))
+    head = view.nodes.get(0)
+    if head is not None and head.state == str(State.READY) and head.generation == gen.number and not gen.stable:
+        since = memo.ready_since.get(gen.number, now)
+        memo = replace(memo, ready_since={**memo.ready_since, gen.number: since})
+        if now - since >= rules.stable_after_s:
+            return _write(memo, replace(gen, stable=True), view.generation_rev)
+        due = _first(due, since + rules.stable_after_s)
+    return LeaderStep(memo, next_due=due)
+
+
+def _ended(view: GroupView, gen: Generation, now: float, memo: LeaderMemo, rules: LeaderRules,
+           jitter_sample: float) -> LeaderStep:
+    seen = memo.ended_seen.get(gen.number, now)
+    memo = replace(memo, ended_seen={**memo.ended_seen, gen.number: seen})
+    reports = view.reports.get(gen.number, {})
+    waiting_for = [r for r, n in view.nodes.items() if r not in reports and n.generation == gen.number
+                   and n.state not in (str(State.WAITING), str(State.GAVE_UP))]
+    if waiting_for and now - seen < rules.patience_s:
+        return LeaderStep(memo, next_due=seen + rules.patience_s)  # the others are still stopping their ranks
+    parsed = list(reports.values())
+    nxt = next_generation(gen, parsed, rules.policy, leader=rules.host, jitter_sample=jitter_sample)
+    root = nxt.root_cause or {}
+    decided = ev.GroupGeneration(
+        group=rules.group, number=nxt.number, mem_fraction_static=nxt.fraction,
+        hicache_size_gb=nxt.hicache_size_gb, reason=nxt.reason, delay_s=nxt.delay_s, gave_up=nxt.gave_up,
+        root_node=root.get("node_rank"),
+        root_cause=diagnosis_from_dict(root.get("diagnosis") or {}).cause if root else None,
+        reports=tuple({"node": r.node_rank, "cause": str(r.diagnosis.cause), "rank": r.rank.name.lower(),
+                       "revision": r.revision} for r in sorted(parsed, key=lambda r: r.revision)),
+    )
+    if nxt.delay_s > 0:  # one backoff for the whole group: the write is due after it
+        due = now + nxt.delay_s
+        return LeaderStep(replace(memo, pending=GenerationWrite(nxt, view.generation_rev, due)), (),
+                          (decided,), due)
+    return _write(memo, nxt, view.generation_rev, decided)

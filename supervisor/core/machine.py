@@ -916,9 +916,7 @@ def _group_step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]
             # made (a hang, headroom, the group's order) is reported with why we made it
             if s is State.RESTARTING:
                 detail = core.pending_detail
-                ours = Diagnosis(cause=core.pending or Cause.OTHER, phase=core.phase, evidence=(detail,),
-                                 phase_source="daemon")
-                diagnosis = _group_stop(detail, core.phase) if detail.startswith("the group's") else ours
+                diagnosis = _group_stop(detail, core.phase) if detail.startswith("the group's") else _ours(core)
             record = _crash_record(core, ctx, diagnosis, status.describe(), None)
             learned = replace(core.learned, history=(*core.learned.history, record)[-HISTORY_LIMIT:])
             new, actions = _transition(replace(core, learned=learned, last_cause=diagnosis.cause), State.WAITING,
@@ -943,6 +941,13 @@ def _group_stop(reason: str, phase: Phase) -> Diagnosis:
     """How a node reports a rank it stopped because the group's generation ended: an echo,
     never the root cause (``core.group.rank_of``)."""
     return Diagnosis(cause=Cause.OTHER, phase=phase, evidence=(GROUP_STOP, reason), phase_source="daemon")
+
+
+def _ours(core: Core) -> Diagnosis:
+    """Why the daemon stopped the server itself (a hang, headroom, an operator's restart):
+    its own finding, whatever the log says."""
+    return Diagnosis(cause=core.pending or Cause.OTHER, phase=core.phase, evidence=(core.pending_detail,),
+                     phase_source="daemon")
 
 
 def _with_router(old: Core, new: Core, actions: list[Action], now: float) -> list[Action]:
@@ -1097,14 +1102,8 @@ def _step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
         case ServerExited(diagnosis=diagnosis) if s is State.RESTARTING:
             # RESTARTING -> BACKOFF (or GAVE_UP): the stop we asked for is done
             cause = core.pending or Cause.OTHER
-            ours = Diagnosis(
-                cause=cause,
-                phase=core.phase,
-                evidence=(core.pending_detail,),
-                phase_source="daemon",
-            )
             return _after_failure(
-                core, ctx, diagnosis=ours, status=None,
+                core, ctx, diagnosis=_ours(core), status=None,
                 immediate=cause in (Cause.HEADROOM_LOW, Cause.OPERATOR_RESTART),
                 log_diagnosis=diagnosis,
             )

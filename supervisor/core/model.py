@@ -8,6 +8,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+
+def rfc3339(when: datetime | float) -> str:
+    """``2026-10-04T03:12:09.123Z``: RFC 3339 in UTC with a Z, from a datetime or a Unix time
+    (the one way the daemon writes a wall-clock time: journal, alerts, state, launch lines)."""
+    ts = when if isinstance(when, datetime) else datetime.fromtimestamp(when, UTC)
+    return ts.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class Remedy(enum.StrEnum):

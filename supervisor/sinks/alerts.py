@@ -46,9 +46,9 @@ from aiomqtt.exceptions import MqttConnectError
 from structlog.typing import FilteringBoundLogger
 
 from supervisor.aio import cancel_and_wait, within
-from supervisor.core.config import Config, MqttConfig
+from supervisor.core.config import MqttConfig
 from supervisor.core.events import ALERT_KINDS, EVENTS, Event
-from supervisor.core.model import Cause
+from supervisor.core.model import Cause, rfc3339
 from supervisor.core.policy import exponential_backoff
 
 T = TypeVar("T")
@@ -82,11 +82,6 @@ def utcnow() -> datetime:
 def default_host() -> str:
     """This machine's short host name, as it appears in topics and messages."""
     return socket.gethostname().split(".")[0] or "localhost"
-
-
-def resolve_instance(cfg: Config) -> str:
-    """The instance name: ``[mqtt] instance``, else the config file's stem."""
-    return cfg.mqtt.instance or cfg.name
 
 
 # --------------------------------------------------------------------------- pure part
@@ -140,11 +135,6 @@ def truncate_evidence(evidence: object, max_chars: int) -> str:
     reserve = len(TRUNCATION_MARKER.format(n=len(text)))
     keep = max(max_chars - reserve, 0)
     return text[:keep] + TRUNCATION_MARKER.format(n=len(text) - keep)
-
-
-def rfc3339(ts: datetime) -> str:
-    """``2026-10-04T03:12:09.123Z``: RFC 3339 in UTC with a Z."""
-    return ts.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass(slots=True)

@@ -31,11 +31,11 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
 from supervisor.core.events import Event
+from supervisor.core.model import rfc3339
 
 JOURNAL = "journal.jsonl"
 EVIDENCE_LINES = 8
@@ -62,7 +62,7 @@ def journal_line(event: Event, t: float) -> str:
     for name in ("unrecognised", "basis"):  # one line of SGLang's log, or what a reading rests on
         if isinstance(fields.get(name), str):
             fields[name] = fields[name][:EVIDENCE_CHARS]
-    ts = datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    ts = rfc3339(t)
     line = json.dumps({"t": round(t, 3), "ts": ts, "kind": event.kind, **fields}, default=str, ensure_ascii=False,
                       separators=(",", ":"))
     if len(line) > LINE_MAX_CHARS:

@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.metrics_core import Metric
 
 from supervisor import __version__
+from supervisor.core.config import url_host
 from supervisor.core.events import ALERT_KINDS, Event
 from supervisor.core.model import Cause, State
 
@@ -586,8 +587,7 @@ class MetricsServer:
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
+        return f"http://{url_host(self.host)}:{self.port}/metrics"  # where it listens, a wildcard too
 
     async def close(self) -> None:
         """Stop serving and join the server thread (off the event loop)."""
