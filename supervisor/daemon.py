@@ -25,13 +25,14 @@ import faulthandler
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from supervisor.adapters.ports import (
     ControlError,
     ControlHandle,
+    ControlReply,
     NullNotifier,
     Ports,
     ReapedChild,
@@ -41,12 +42,12 @@ from supervisor.adapters.ports import (
     Store,
     StoreError,
 )
-from supervisor.aio import cancel_and_wait, where, within
+from supervisor.aio import cancel_and_wait, settled, where, within
 from supervisor.core import events as ev
 from supervisor.core import machine
 from supervisor.core.config import Config, ConfigError, alert_instance, server_configs, unit_name
 from supervisor.core.machine import Boot
-from supervisor.core.model import State
+from supervisor.rolling import PassEnd, roll
 from supervisor.unit import ServerUnit, wall_now
 
 
@@ -97,9 +98,6 @@ SHUTDOWN_MARGIN_S = 15.0
 # deadline at all is ended by faulthandler (every thread's stack, exit 1) this much later.
 OFFLINE_WAIT_S = 3.0
 BLOCKED_LOOP_GRACE_S = 10.0
-# A rolling restart waits this long for a READY server to be back in the router.
-ROLL_ROUTER_WAIT_S = 30.0
-ROLL_ASK_ROUTER_S = 0.5  # how often a rolling restart asks the router whether the relaunched server is listed
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +128,8 @@ class Daemon:
         self._control: ControlHandle | None = None
         self._failure: _TaskFailed | None = None  # the first background task that failed
         self._closing = False
-        self._rolling: asyncio.Task[None] | None = None
+        self._rolling: asyncio.Task[PassEnd] | None = None
+        self._followers: set[asyncio.Queue[dict[str, Any]]] = set()  # `restart`s waiting for the pass
         self._reaper: ReaperHandle | None = None
         self._deadline: asyncio.TimerHandle | None = None  # the shutdown's, armed by the first stop request
         self._stop_requested_at: float | None = None
@@ -208,12 +207,22 @@ class Daemon:
         self._queue.put_nowait((unit, event))
 
     def deliver(self, event: ev.Event, sinks: Sequence[ev.EventSink]) -> None:
-        """Hand a stamped event to the daemon's sinks, then to ``sinks`` (a server's own)."""
+        """Hand a stamped event to the daemon's sinks, then to ``sinks`` (a server's own);
+        a rolling pass's steps also to the ``restart`` commands that wait for it."""
         for sink in (*self.p.sinks, *sinks):
             try:
                 sink.emit(event)
             except Exception as exc:  # noqa: BLE001 - a broken sink must not stop supervision
                 self.log.warning("sink_failed", sink=type(sink).__name__, error=repr(exc)[:200])
+        if self._followers:
+            if isinstance(event, ev.StateChanged):
+                line: dict[str, Any] = {"server": event.server, "state": str(event.to)}
+            elif isinstance(event, ev.RollingRestart):
+                line = {"server": event.server, "step": event.step, "detail": event.detail}
+            else:
+                return
+            for queue in self._followers:
+                queue.put_nowait(line)
 
     def emit(self, event: ev.Event) -> None:
         """A daemon-wide event: stamped with host and instance, to every sink of every server."""
@@ -281,69 +290,9 @@ class Daemon:
             return {"ok": False, "error": f"no server {(server or '')[:64]!r} (known: {known})"}
         before = [{"name": u.name, "state": str(u.core.state) if u.core else None,
                    "attempt": u.core.attempt if u.core else None} for u in units]
-        self._rolling = self.spawn(self._roll(units, reason), "rolling-restart")
+        self._rolling = self.spawn(roll(units, self.units, reason, self.emit), "rolling-restart")
         first = before[0]
         return {"ok": True, "state": first["state"], "attempt": first["attempt"], "servers": before}
-
-    async def _roll(self, units: Sequence[ServerUnit], reason: str) -> None:
-        """Restart ``units`` one at a time: each is taken out of the router, drained, stopped,
-        relaunched, READY and back in the router before the next one starts. In a pass over
-        several, a server is taken down only while another one serves: the pass waits for
-        one that is on its way up, and ends, leaving the rest alone, when none is."""
-        for i, unit in enumerate(units):
-            if len(units) > 1 and not await self._another_serves(unit):
-                return
-            core = unit.core
-            before = core.attempt if core else 0
-            self.emit(ev.RollingRestart(step="restart", server=unit.label, detail=f"{i + 1} of {len(units)}: {reason}"))
-            unit.request_restart(reason)
-            left = False
-            ready_at: float | None = None
-            loop = asyncio.get_running_loop()
-            asked_at = -ROLL_ASK_ROUTER_S
-            while True:
-                await asyncio.sleep(0.05)
-                core = unit.core
-                if core is None:
-                    continue
-                left = left or core.state is not State.READY
-                if left and core.state in (State.GAVE_UP, State.STOPPED, State.STOPPING):
-                    self.emit(ev.RollingRestart(step="stopped", server=unit.label,
-                                                detail=f"{unit.name} is {core.state}: the servers after it are left as they are"))
-                    return
-                if core.state is State.READY and core.attempt > before:
-                    ready_at = ready_at or loop.time()
-                    if loop.time() < asked_at + ROLL_ASK_ROUTER_S:
-                        continue  # the state is read every 50 ms; the router asked twice a second
-                    asked_at = loop.time()
-                    if await unit.serving():
-                        break
-                    if loop.time() - ready_at > ROLL_ROUTER_WAIT_S:
-                        # The router is away: the server is READY, the router's view is
-                        # reconciled when it returns; the pass goes on.
-                        self.emit(ev.RollingRestart(step="unregistered", server=unit.label, detail=(
-                            f"{unit.name} is READY but not in the router after {ROLL_ROUTER_WAIT_S:g} s: going on")))
-                        break
-        self.emit(ev.RollingRestart(step="done", detail=f"{len(units)} server(s) restarted one at a time"))
-
-    async def _another_serves(self, unit: ServerUnit) -> bool:
-        """Wait until a server other than ``unit`` takes traffic; False when none is READY or
-        on its way there (all gave up or stopped)."""
-        others = [u for u in self.units if u is not unit]
-        said = False
-        while not [u for u in others if await u.serving()]:
-            coming = [u for u in others if u.core is not None and u.core.state not in (State.GAVE_UP, State.STOPPED)]
-            if not coming:
-                self.emit(ev.RollingRestart(step="stopped", server=unit.label, detail=(
-                    f"no other server serves or is starting: {unit.name} is not taken down "
-                    f"(restart --server {unit.name} does it alone)")))
-                return False
-            if not said:
-                self.emit(ev.RollingRestart(step="waiting", server=unit.label,
-                                            detail=f"waiting for {', '.join(u.name for u in coming)} to serve first"))
-                said = True
-            await asyncio.sleep(0.2)
-        return True
 
     async def _start_control(self) -> None:
         """The control socket (``restart``); a daemon without one still supervises."""
@@ -352,12 +301,41 @@ class Daemon:
         except ControlError as exc:
             self.log.warning("control_unavailable", error=str(exc))
 
-    def _on_control(self, request: Mapping[str, Any]) -> dict[str, Any]:
+    def _on_control(self, request: Mapping[str, Any]) -> dict[str, Any] | ControlReply:
         if request.get("cmd") == "restart":
             server = request.get("server")
             reason = str(request.get("reason") or "requested over the control socket")[:200]
-            return self.request_restart(reason, server if isinstance(server, str) else None)
+            answer = self.request_restart(reason, server if isinstance(server, str) else None)
+            if request.get("wait") is True and answer.get("ok") and self._rolling is not None:
+                # `restart` returns when the pass is done, not when a state file says READY
+                queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+                self._followers.add(queue)
+                names = [str(s["name"]) for s in answer["servers"]]
+                return ControlReply(answer, self._follow_pass(self._rolling, queue, names),
+                                    lambda: self._followers.discard(queue))
+            return answer
         return {"ok": False, "error": f"unknown command {str(request.get('cmd'))[:40]!r}"}
+
+    async def _follow_pass(self, task: asyncio.Task[PassEnd], queue: asyncio.Queue[dict[str, Any]],
+                           names: Sequence[str]) -> AsyncIterator[dict[str, Any]]:
+        """The pass's steps as they happen (``deliver`` queues them), then how it ended."""
+        while not task.done() or not queue.empty():
+            if queue.empty():
+                getter = asyncio.ensure_future(queue.get())
+                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                await cancel_and_wait([getter])
+                if getter.cancelled():
+                    continue
+                yield getter.result()
+            else:
+                yield queue.get_nowait()
+        end = await settled(task)
+        servers = [{"name": u.name, "state": str(u.core.state) if u.core else None,
+                    "attempt": u.core.attempt if u.core else None} for u in self.units if u.name in names]
+        if end is None:
+            yield {"done": True, "ok": False, "detail": "the daemon is stopping: the pass ended there", "servers": servers}
+        else:
+            yield {"done": True, "ok": end.ok, "detail": end.detail, "servers": servers}
 
     def _reload(self) -> None:
         if self.p.reload is None:

@@ -134,6 +134,7 @@ class ServerUnit:
         self.server: ServerHandle | None = None
         self.exit_code: int | None = None
         self._timers: dict[Timer, asyncio.TimerHandle] = {}
+        self._moved = asyncio.Event()  # set, and replaced, at every step of the core (``moved``)
         self._launch_task: asyncio.Task[None] | None = None
         self._probe_tasks: set[asyncio.Task[None]] = set()
         self._recorded_pgid: int | None = None
@@ -168,6 +169,16 @@ class ServerUnit:
         self.core, actions = machine.step(self.core, event, ctx)
         for action in actions:
             self._do(action)
+        self._step_taken()
+
+    def _step_taken(self) -> None:
+        moved, self._moved = self._moved, asyncio.Event()
+        moved.set()
+
+    async def moved(self) -> None:
+        """Until the core takes its next step: what a waiter awaits instead of polling the
+        state (the rolling restart)."""
+        await self._moved.wait()
 
     # -- actions ----------------------------------------------------------------------------
 
@@ -501,6 +512,7 @@ class ServerUnit:
             self._recorded_since = recorded["recorded_since"]
             self._recorded_tree = recorded["recorded_tree"]
         self.core = Core.initial(learned)
+        self._step_taken()
         return worker_id
 
     def _persist(self) -> None:
@@ -631,6 +643,7 @@ class ServerUnit:
             await self.gpu_probe.aclose()
         if self.core is not None and self.core.state is State.STOPPED:
             self.core = replace(self.core, pid=None)
+            self._step_taken()
             self._persist()
         self._facts = None
 

@@ -161,7 +161,9 @@ async def night(tmp_path: Path, start_router: Callable[..., str], concurrency: i
             stdout=asyncio.subprocess.DEVNULL, cwd=REPO,
         )
         assert await proc.wait() == 0
-        await asyncio.to_thread(d.wait_for, "rolling_restart", ready_s, step="done")
+        # the command returns when the daemon's pass is done, not before (its log line is
+        # written before the command is told)
+        assert d.find("rolling_restart", step="done"), "restart returned before the daemon's pass was done"
         await asyncio.to_thread(wait_until, lambda: listed(router_url) == sorted(urls), 30, 0.05, "listed again")
         await asyncio.sleep(1.0)
         await load.stop()

@@ -24,7 +24,7 @@ from test_daemon_component import (
     start_control,
 )
 
-from supervisor.adapters.ports import NoneProbe, Ports
+from supervisor.adapters.ports import ControlReply, NoneProbe, Ports
 from supervisor.core.config import (
     Config,
     GpuConfig,
@@ -211,3 +211,26 @@ def test_a_group_node_refuses_a_restart_of_its_own(tmp_path: Path) -> None:
     answer = Daemon(cfg, ports)._on_control({"cmd": "restart"})
     assert answer == {"ok": False, "error": "node 1 of group 'kimi' cannot restart alone: the group relaunches as one "
                                             "(docs/group.md)"}
+
+
+async def test_a_restart_that_waits_hears_each_step_and_its_last_line_comes_when_the_pass_is_done(tmp_path: Path) -> None:
+    """``sglang-supervisor restart`` returns on the daemon's last line: by then every server
+    of the pass is READY again at a later launch (and in the router), never before."""
+    async with asyncio.timeout(DEADLINE_S):
+        pair = Pair(tmp_path)
+        pair.task = asyncio.create_task(pair.daemon.run())
+        await pair.both_ready()
+        reply = pair.daemon._on_control({"cmd": "restart", "wait": True})
+        assert isinstance(reply, ControlReply) and reply.answer["ok"]
+        lines = [line async for line in reply.then]
+        reply.close()
+        *steps, last = lines
+        assert last["done"] and last["ok"], last
+        assert [(s["name"], s["state"], s["attempt"]) for s in last["servers"]] == [("a", "READY", 2), ("b", "READY", 2)]
+        assert pair.state("a") is State.READY and pair.state("b") is State.READY
+        assert pair.daemon_sink.find("rolling_restart")[-1]["step"] == "done"
+        states = [(line["server"], line["state"]) for line in steps if "state" in line]
+        assert states.index(("a", "READY")) < states.index(("b", "RESTARTING")), states  # one at a time
+        assert pair.daemon._followers == set()
+        pair.daemon.request_stop("test")
+        assert await pair.task == 0

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from supervisor.core.model import ExitStatus
 
 __all__ = [
-    "Check", "Cleanup", "ControlHandle", "ControlStarter", "GpuInfo", "GpuMonitorFactory", "GpuProbe",
+    "Check", "Cleanup", "ControlHandle", "ControlHandler", "ControlReply", "ControlStarter", "GpuInfo", "GpuMonitorFactory", "GpuProbe",
     "GpuProbeError", "GpuProcess", "LogOpener", "Monitor", "NoneProbe", "NullNotifier", "OomKillReader",
     "Ports", "Preflight", "ProbeOutcome", "Prober", "ProberFactory", "ProcInfo", "ProcessError", "Router", "RouterError", "RouterWorker",
     "ControlError", "Etcd", "EtcdError", "FleetStore", "KeyValue", "Leadership", "Lease", "WatchEvent", "ReapedChild", "ReaperError", "ReaperHandle", "ReaperStarter",
@@ -451,7 +451,19 @@ class ControlHandle(Protocol):
     async def close(self) -> None: ...
 
 
-ControlStarter = Callable[[str, Callable[[Mapping[str, Any]], dict[str, Any]]], Awaitable[ControlHandle]]
+@dataclass(frozen=True, slots=True)
+class ControlReply:
+    """An answer and the lines that follow it on the same connection (``restart`` waiting for
+    the pass: its progress, then how it ended); ``close`` is called once the connection ends,
+    however it ends."""
+
+    answer: dict[str, Any]
+    then: AsyncIterator[dict[str, Any]]
+    close: Callable[[], None]
+
+
+ControlHandler = Callable[[Mapping[str, Any]], "dict[str, Any] | ControlReply"]
+ControlStarter = Callable[[str, ControlHandler], Awaitable[ControlHandle]]
 """(state dir, handler) -> a listening control socket in that directory (``control.serve``);
 raises ``ControlError``."""
 
