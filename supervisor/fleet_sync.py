@@ -29,7 +29,7 @@ from supervisor.aio import within
 from supervisor.core import events as ev
 from supervisor.core.config import Config
 from supervisor.core.fleet import FleetOom, FleetRecord, fleet_identity, fleet_key, merge
-from supervisor.core.machine import FleetAdvice
+from supervisor.core.messages import FleetAdvice
 from supervisor.core.ownership import server_env
 from supervisor.core.policy import exponential_backoff
 

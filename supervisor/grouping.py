@@ -49,7 +49,7 @@ from supervisor.core.group import (
     diagnosis_from_dict,
     leader_step,
 )
-from supervisor.core.machine import Event, GroupEnded, GroupGaveUp, GroupLaunch
+from supervisor.core.messages import Event, GroupEnded, GroupGaveUp, GroupLaunch
 from supervisor.core.model import Diagnosis, State
 from supervisor.core.policy import exponential_backoff
 

@@ -19,8 +19,8 @@ from typing import Protocol
 
 from supervisor.aio import cancel_and_wait
 from supervisor.core import events as ev
-from supervisor.core.machine import Core
 from supervisor.core.model import State
+from supervisor.core.state import Core
 
 ROUTER_WAIT_S = 30.0  # how long a READY server may take to be listed healthy by the router
 ASK_ROUTER_S = 0.5  # how often the router is asked meanwhile

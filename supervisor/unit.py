@@ -43,10 +43,9 @@ from supervisor.core import events as ev
 from supervisor.core import machine
 from supervisor.core.config import Config, alert_instance, http_url, unit_name, worker_url
 from supervisor.core.diagnosis import diagnose
-from supervisor.core.machine import (
+from supervisor.core.messages import (
     CancelTimer,
     ConfigChanged,
-    Core,
     Ctx,
     Emit,
     Exit,
@@ -58,7 +57,6 @@ from supervisor.core.machine import (
     Launch,
     Launched,
     LaunchFailed,
-    Learned,
     PartDied,
     Persist,
     Prepare,
@@ -75,12 +73,12 @@ from supervisor.core.machine import (
     StopMode,
     StopRequested,
     StopServer,
-    Timer,
     TimerFired,
 )
 from supervisor.core.model import Cause, ExitStatus, State, rfc3339
 from supervisor.core.ownership import LAUNCH_VAR, MARK_VAR, gpu_env, recorded_server, server_env
 from supervisor.core.startup_facts import StartupFactsParser
+from supervisor.core.state import Core, Learned, Timer
 from supervisor.routing import RouterSync
 
 if TYPE_CHECKING:

@@ -232,7 +232,8 @@ def dry_run(cfg: Config) -> object:
 def next_argv(cfg: Config) -> tuple[str, ...]:
     """The argv the daemon would launch next: the learned rung if the state dir has one."""
     from supervisor.adapters.store import StateStore
-    from supervisor.core.machine import Learned, build_argv
+    from supervisor.core.argv import build_argv
+    from supervisor.core.state import Learned
 
     data, _warning = StateStore(cfg.state.dir).load(move_aside=False)
     learned = Learned.initial(cfg)

@@ -8,503 +8,64 @@ daemon feeds events and carries out the actions. Every edge is named in a commen
 from __future__ import annotations
 
 import dataclasses
-import enum
-import random
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from dataclasses import replace
+from typing import Any
 
 from supervisor.core import events as ev
 from supervisor.core import policy
-from supervisor.core.config import Config, unit_name
+from supervisor.core.argv import build_argv
+from supervisor.core.config import unit_name
 from supervisor.core.fleet import FleetOom
 from supervisor.core.group import GROUP_STOP
+from supervisor.core.messages import (
+    Action,
+    Boot,
+    CancelTimer,
+    ConfigChanged,
+    Ctx,
+    Emit,
+    Event,
+    Exit,
+    FactsUpdated,
+    FleetAdvice,
+    FleetShare,
+    FleetShared,
+    GpuLost,
+    GroupEnded,
+    GroupGaveUp,
+    GroupLaunch,
+    GroupReport,
+    Launch,
+    Launched,
+    LaunchFailed,
+    PartDied,
+    Persist,
+    Prepare,
+    Prepared,
+    PrepareFailed,
+    Probe,
+    ProbeResult,
+    RestartRequested,
+    RouterAdd,
+    RouterRemove,
+    ServerDied,
+    ServerExited,
+    SetTimer,
+    StopMode,
+    StopRequested,
+    StopServer,
+    TimerFired,
+)
 from supervisor.core.model import Cause, Diagnosis, ExitStatus, Phase, Remedy, StartupFacts, State
-
-HISTORY_LIMIT = 200
-FLEET_PENDING_LIMIT = 50  # lessons kept for the fleet while etcd is away; the rung is kept anyway
-
-
-class Timer(enum.StrEnum):
-    """The core's timers. An enum, so that a misspelt name fails where it is written instead
-    of falling through ``step`` as an event that means nothing."""
-
-    PROBE = "probe"  # next health probe (startup poll, or the fixed rate while serving)
-    STARTUP = "startup"  # the hard cap on a start
-    SILENCE = "silence"  # a start that printed nothing for too long
-    BACKOFF = "backoff"  # the restart delay after a crash
-    STABLE = "stable"  # serving long enough to forget the crash streak
-
-
-# --- learned state (persisted) ------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class CrashRecord:
-    """One line of the crash history, as shown by ``status``."""
-
-    wall_time: str  # RFC 3339, for people
-    cause: Cause
-    remedy: Remedy
-    phase: Phase
-    exit: str  # "killed by SIGKILL", "exit code 1", "stopped by us"
-    fraction: float | None  # None: SGLang's own choice, not read from its log
-    next_fraction: float | None
-    evidence: str
-    location: str | None
-    attempt: int
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form in state.json: enums as their string values."""
-        d = dataclasses.asdict(self)
-        d.update(cause=str(self.cause), remedy=str(self.remedy), phase=str(self.phase))
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> CrashRecord:
-        """Back from JSON. A value this version does not know (a state file written by a newer
-        one) reads as ``other`` / ``restart`` / ``starting``: one history line loses its
-        detail, while the rung and the fractions that ran out of memory are kept."""
-        typed = {
-            "cause": _member(Cause.parse, d["cause"], Cause.OTHER),
-            "remedy": _member(Remedy, d["remedy"], Remedy.RESTART),
-            "phase": _member(Phase, d["phase"], Phase.STARTING),
-        }
-        return cls(**{**d, **typed})
-
-
-_E = TypeVar("_E", Cause, Remedy, Phase)
-
-
-def _member(parse: Callable[[str], _E], value: str, default: _E) -> _E:
-    try:
-        return parse(value)
-    except ValueError:
-        return default
-
-
-@dataclass(frozen=True, slots=True)
-class FleetNote:
-    """What the fleet's record said the last time it was read for this server (docs/fleet.md):
-    its rung, where and when it was reached, the fractions that ran out of memory there, and
-    whether the fleet lowered our own rung (from ``own_fraction``, at ``applied_at``)."""
-
-    key: str
-    fraction: float  # the fleet's rung (our floor, if the fleet's went below it)
-    source: str  # "HOST/SERVER (CONFIG)" of the OOM that took the fleet there
-    when: str  # that OOM's wall time
-    oom_fractions: tuple[float, ...] = ()
-    own_fraction: float | None = None  # our rung before the fleet's was applied
-    applied: bool = False
-    applied_at: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["oom_fractions"] = list(self.oom_fractions)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> FleetNote:
-        own = d.get("own_fraction")
-        return cls(
-            key=str(d["key"]), fraction=float(d["fraction"]), source=str(d.get("source", "")),
-            when=str(d.get("when", "")), oom_fractions=tuple(float(x) for x in d.get("oom_fractions", [])),
-            own_fraction=None if own is None else float(own), applied=bool(d.get("applied", False)),
-            applied_at=str(d.get("applied_at", "")),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Learned:
-    """What survives a daemon restart: the rung, what crashed, the history; with ``[fleet]``
-    also the lessons not yet written to the fleet's record and what the fleet last said."""
-
-    # None: not set by us, SGLang chooses (the flag is left out) until its server_args line
-    # says what it chose; from then on the ladder steps from that value.
-    fraction: float | None
-    hicache_size_gb: int
-    base_fraction: float | None  # the configured fraction this was learned from (None = SGLang's)
-    base_hicache_size_gb: int
-    oom_fractions: frozenset[float] = frozenset()
-    history: tuple[CrashRecord, ...] = ()
-    restarts: int = 0
-    fleet_pending: tuple[FleetOom, ...] = ()  # OOMs the fleet's record does not hold yet
-    fleet: FleetNote | None = None
-
-    @property
-    def ceiling_fractions(self) -> frozenset[float]:
-        """Fractions the ladder never climbs back to: ours that ran out of CUDA memory, and the
-        fleet's (the same configuration on the same GPU ran out there)."""
-        return self.oom_fractions | frozenset(self.fleet.oom_fractions if self.fleet else ())
-
-    @classmethod
-    def initial(cls, cfg: Config) -> Learned:
-        base = cfg.server.mem_fraction_static
-        return cls(base, cfg.server.hicache_size_gb, base, cfg.server.hicache_size_gb)
-
-    def rebased(self, cfg: Config) -> Learned:
-        """Keep what was learned unless the operator changed the configured starting point."""
-        fresh = Learned.initial(cfg)
-        if (fresh.base_fraction, fresh.base_hicache_size_gb) == (
-            self.base_fraction,
-            self.base_hicache_size_gb,
-        ):
-            return self
-        return replace(
-            fresh, oom_fractions=self.oom_fractions, history=self.history, restarts=self.restarts,
-            fleet_pending=self.fleet_pending,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["oom_fractions"] = sorted(self.oom_fractions, reverse=True)
-        d["history"] = [h.to_dict() for h in self.history]
-        # Fleet memory's keys only when it has something to say: a daemon without [fleet]
-        # writes the same state file as before it existed.
-        d.pop("fleet_pending", None)
-        d.pop("fleet", None)
-        if self.fleet_pending:
-            d["fleet_pending"] = [{**o.to_dict(), "key": o.key} for o in self.fleet_pending]
-        if self.fleet is not None:
-            d["fleet"] = self.fleet.to_dict()
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Learned:
-        return cls(
-            fraction=None if d["fraction"] is None else float(d["fraction"]),
-            hicache_size_gb=int(d["hicache_size_gb"]),
-            base_fraction=None if d["base_fraction"] is None else float(d["base_fraction"]),
-            base_hicache_size_gb=int(d["base_hicache_size_gb"]),
-            oom_fractions=frozenset(float(x) for x in d.get("oom_fractions", [])),
-            history=tuple(CrashRecord.from_dict(h) for h in d.get("history", [])),
-            restarts=int(d.get("restarts", 0)),
-            fleet_pending=tuple(FleetOom.from_dict(o) for o in d.get("fleet_pending", [])),
-            fleet=None if not d.get("fleet") else FleetNote.from_dict(d["fleet"]),
-        )
-
-
-# --- the machine's state ------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Core:
-    state: State
-    learned: Learned
-    attempt: int = 0  # launches since the daemon started
-    pid: int | None = None
-    launched_at: float | None = None
-    ready_at: float | None = None
-    failures: int = 0  # crash streak (resets after a stable period)
-    crash_times: tuple[float, ...] = ()  # monotonic, for the give-up window
-    probe_failures: int = 0
-    pending: Cause | None = None  # why we are stopping the server to relaunch it
-    pending_detail: str = ""
-    last_cause: Cause | None = None
-    recovering_from: Cause | None = None  # cause of the crash the next ready recovers from
-    headroom_checked: bool = False
-    facts: StartupFacts | None = None
-    reason: str = ""  # why the last transition happened (status, gave-up reason)
-    part_died: str = ""  # "sglang::scheduler (pid 12)": a process of the tree that died first
-    generation: int = 0  # [group]: the group generation this node runs (or last ran)
-    fleet_key: str = ""  # the fleet key of the configuration being launched ("" = not known)
-
-    @classmethod
-    def initial(cls, learned: Learned) -> Core:
-        return cls(State.STOPPED, learned)
-
-    @property
-    def phase(self) -> Phase:
-        served = self.state is State.READY or self.ready_at is not None
-        return Phase.SERVING if served else Phase.STARTING
-
-
-# --- events -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Boot:
-    """The daemon is up and wants a server."""
-
-
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """Old processes are gone, the GPUs are free and preflight passed."""
-
-
-@dataclass(frozen=True, slots=True)
-class PrepareFailed:
-    cause: Cause  # GPU_MEMORY_STUCK, PREFLIGHT_FAILED, GPU_HW_ERROR
-    detail: str
-    permanent: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Launched:
-    pid: int
-
-
-@dataclass(frozen=True, slots=True)
-class LaunchFailed:
-    error: str
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeResult:
-    ok: bool
-    detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class FactsUpdated:
-    facts: StartupFacts
-
-
-@dataclass(frozen=True, slots=True)
-class ServerDied:
-    """The server's main process is gone (reaped); the diagnosis follows as ServerExited."""
-
-    status: ExitStatus
-
-
-@dataclass(frozen=True, slots=True)
-class ServerExited:
-    status: ExitStatus
-    diagnosis: Diagnosis
-
-
-@dataclass(frozen=True, slots=True)
-class TimerFired:
-    name: Timer
-    # For SILENCE: when the server last printed a line (monotonic), read as the timer fires.
-    last_output_at: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class PartDied:
-    """A process of the server's tree (a scheduler, the detokenizer) died while its main
-    process lives: SGLang sleeps before it tears the tree down, so this is the crash."""
-
-    pid: int
-    title: str
-
-
-@dataclass(frozen=True, slots=True)
-class RestartRequested:
-    """An operator asked for a planned restart with the current flags (drained)."""
-
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class GpuLost:
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class StopRequested:
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class ConfigChanged:
-    """A reload was accepted; the new config is in ctx. Applied at the next launch."""
-
-
-@dataclass(frozen=True, slots=True)
-class GroupLaunch:
-    """[group]: the leader decided generation ``number``: launch this node's rank with these
-    managed flags (the group's, whatever this node learned alone)."""
-
-    number: int
-    fraction: float | None
-    hicache_size_gb: int
-    reason: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class GroupEnded:
-    """[group]: generation ``number`` ended (a node's server died, or a node was lost):
-    stop this node's rank, drained, and wait for the next one."""
-
-    number: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class GroupGaveUp:
-    """[group]: the leader gave up on the group (a cause a restart cannot fix, or the crash
-    budget is spent): a human must look."""
-
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class FleetAdvice:
-    """What the fleet's record says of the configuration about to be launched (read while
-    PREPARING). ``fraction`` None: the fleet does not know it (or etcd could not be read);
-    ``key`` "": its identity could not be read."""
-
-    key: str
-    fraction: float | None = None
-    oom_fractions: tuple[float, ...] = ()
-    source: str = ""
-    when: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class FleetShared:
-    """These lessons are in the fleet's record now."""
-
-    entries: tuple[FleetOom, ...]
-
-
-Event = (
-    Boot | Prepared | PrepareFailed | Launched | LaunchFailed | ProbeResult | FactsUpdated
-    | ServerDied | ServerExited | TimerFired | GpuLost | StopRequested | ConfigChanged | PartDied
-    | RestartRequested | GroupLaunch | GroupEnded | GroupGaveUp | FleetAdvice | FleetShared
+from supervisor.core.state import (
+    FLEET_PENDING_LIMIT,
+    HISTORY_LIMIT,
+    Core,
+    CrashRecord,
+    FleetNote,
+    Learned,
+    Timer,
 )
-
-
-# --- actions ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Prepare:
-    """Clear old servers off the GPUs, wait for memory, run preflight."""
-
-
-@dataclass(frozen=True, slots=True)
-class Launch:
-    argv: tuple[str, ...]
-    fraction: float | None  # None: the flag is left out and SGLang chooses
-    hicache_size_gb: int
-    attempt: int
-
-
-class StopMode(enum.StrEnum):
-    """How a stop begins; every mode ends with the whole group killed after ``grace_s``."""
-
-    DRAIN = "drain"  # SIGTERM to SGLang's main process only: it drains in-flight requests
-    DUMP = "dump"  # SIGQUIT to the main process: a hung server dumps its stacks, then dies
-    AWAIT = "await"  # the server is already dying on its own: only bound its teardown
-
-
-@dataclass(frozen=True, slots=True)
-class StopServer:
-    grace_s: float  # how long the first step may take before the group is killed
-    reason: str
-    mode: StopMode = StopMode.DRAIN
-
-
-@dataclass(frozen=True, slots=True)
-class RouterAdd:
-    """Register the server with the router (it is READY: our server answering on our port)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RouterRemove:
-    """Take the server out of the router now: it died (``at``: when that was noticed), or a
-    stop is about to begin, which then waits for this removal (bounded by
-    ``[router] remove_wait_s``) before it signals the server."""
-
-    reason: str
-    at: float
-
-
-@dataclass(frozen=True, slots=True)
-class SetTimer:
-    name: Timer
-    delay_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class CancelTimer:
-    name: Timer
-
-
-@dataclass(frozen=True, slots=True)
-class Emit:
-    """Hand ``event`` to every sink (the daemon stamps its host and instance)."""
-
-    event: ev.Event
-
-
-@dataclass(frozen=True, slots=True)
-class Probe:
-    """Probe the server's health endpoint now and report a ``ProbeResult``."""
-
-
-@dataclass(frozen=True, slots=True)
-class Persist:
-    """Write the learned state (and the live server's pid) to the state directory."""
-
-
-@dataclass(frozen=True, slots=True)
-class Exit:
-    code: int
-
-
-@dataclass(frozen=True, slots=True)
-class GroupReport:
-    """[group]: tell the group how this node's rank of ``generation`` ended (etcd records
-    the order; the leader picks the root cause among the reports)."""
-
-    generation: int
-    diagnosis: Diagnosis
-    exit: str
-
-
-@dataclass(frozen=True, slots=True)
-class FleetShare:
-    """Merge these lessons into the fleet's record (read, merge, compare-and-swap, retried
-    until it works); a ``FleetShared`` follows once they are in."""
-
-    entries: tuple[FleetOom, ...]
-
-
-Action = (
-    Prepare | Launch | StopServer | SetTimer | CancelTimer | Emit | Probe | Persist | Exit | RouterAdd | RouterRemove
-    | GroupReport | FleetShare
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Ctx:
-    """The inputs besides state and event: the time, the config, the jitter source."""
-
-    now: float
-    cfg: Config
-    rng: random.Random
-    wall_time: str = ""  # RFC 3339, only for the history shown to people
-
-
-# --- the launch command line --------------------------------------------------------------
-
-
-def build_argv(cfg: Config, fraction: float | None, hicache_size_gb: int) -> tuple[str, ...]:
-    """The exact argv: flags spelled as SGLang's ``launch_server`` parser knows them. A
-    ``fraction`` of None leaves ``--mem-fraction-static`` out: SGLang chooses it."""
-    s = cfg.server
-    argv = [
-        *s.command,
-        "--model-path", s.model_path,
-        "--host", s.host,
-        "--port", str(s.port),
-        "--tp-size", str(s.tp_size),
-    ]
-    if s.dp_size != 1:
-        argv += ["--dp-size", str(s.dp_size)]
-    if fraction is not None:
-        argv += ["--mem-fraction-static", f"{fraction:g}"]
-    if hicache_size_gb > 0:
-        argv += ["--enable-hierarchical-cache", "--hicache-size", str(hicache_size_gb)]
-    g = cfg.group
-    if g.enabled:
-        argv += ["--nnodes", str(g.nnodes), "--node-rank", str(g.node_rank), "--dist-init-addr", g.dist_init_addr]
-    argv += list(s.extra_args)
-    return tuple(argv)
-
 
 # --- the transition function --------------------------------------------------------------
 
@@ -1166,3 +727,54 @@ def _step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
             return replace(core, learned=replace(core.learned, fleet_pending=left)), [Persist()]
 
     return core, []  # an event that means nothing in this state (e.g. a late probe)
+
+
+__all__ = [
+    "Action",
+    "Boot",
+    "CancelTimer",
+    "ConfigChanged",
+    "Core",
+    "CrashRecord",
+    "Ctx",
+    "Emit",
+    "Event",
+    "Exit",
+    "FLEET_PENDING_LIMIT",
+    "FactsUpdated",
+    "FleetAdvice",
+    "FleetNote",
+    "FleetShare",
+    "FleetShared",
+    "GpuLost",
+    "GroupEnded",
+    "GroupGaveUp",
+    "GroupLaunch",
+    "GroupReport",
+    "HISTORY_LIMIT",
+    "Launch",
+    "LaunchFailed",
+    "Launched",
+    "Learned",
+    "PartDied",
+    "Persist",
+    "Prepare",
+    "PrepareFailed",
+    "Prepared",
+    "Probe",
+    "ProbeResult",
+    "RestartRequested",
+    "RouterAdd",
+    "RouterRemove",
+    "ServerDied",
+    "ServerExited",
+    "SetTimer",
+    "StopMode",
+    "StopRequested",
+    "StopServer",
+    "Timer",
+    "TimerFired",
+    "build_argv",
+    "facts_event",
+    "step",
+]

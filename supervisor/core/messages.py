@@ -1,0 +1,274 @@
+"""What goes into the core and what comes out of it: the inputs ``step`` takes (what the
+shell saw happen) and the actions it returns (what the shell is to do), with ``Ctx``, the
+inputs besides state and event."""
+
+from __future__ import annotations
+
+import enum
+import random
+from dataclasses import dataclass
+
+from supervisor.core import events as ev
+from supervisor.core.config import Config
+from supervisor.core.fleet import FleetOom
+from supervisor.core.model import Cause, Diagnosis, ExitStatus, StartupFacts
+from supervisor.core.state import Timer
+
+# --- events -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Boot:
+    """The daemon is up and wants a server."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """Old processes are gone, the GPUs are free and preflight passed."""
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareFailed:
+    cause: Cause  # GPU_MEMORY_STUCK, PREFLIGHT_FAILED, GPU_HW_ERROR
+    detail: str
+    permanent: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Launched:
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchFailed:
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class FactsUpdated:
+    facts: StartupFacts
+
+
+@dataclass(frozen=True, slots=True)
+class ServerDied:
+    """The server's main process is gone (reaped); the diagnosis follows as ServerExited."""
+
+    status: ExitStatus
+
+
+@dataclass(frozen=True, slots=True)
+class ServerExited:
+    status: ExitStatus
+    diagnosis: Diagnosis
+
+
+@dataclass(frozen=True, slots=True)
+class TimerFired:
+    name: Timer
+    # For SILENCE: when the server last printed a line (monotonic), read as the timer fires.
+    last_output_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PartDied:
+    """A process of the server's tree (a scheduler, the detokenizer) died while its main
+    process lives: SGLang sleeps before it tears the tree down, so this is the crash."""
+
+    pid: int
+    title: str
+
+
+@dataclass(frozen=True, slots=True)
+class RestartRequested:
+    """An operator asked for a planned restart with the current flags (drained)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLost:
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class StopRequested:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigChanged:
+    """A reload was accepted; the new config is in ctx. Applied at the next launch."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLaunch:
+    """[group]: the leader decided generation ``number``: launch this node's rank with these
+    managed flags (the group's, whatever this node learned alone)."""
+
+    number: int
+    fraction: float | None
+    hicache_size_gb: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupEnded:
+    """[group]: generation ``number`` ended (a node's server died, or a node was lost):
+    stop this node's rank, drained, and wait for the next one."""
+
+    number: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class GroupGaveUp:
+    """[group]: the leader gave up on the group (a cause a restart cannot fix, or the crash
+    budget is spent): a human must look."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class FleetAdvice:
+    """What the fleet's record says of the configuration about to be launched (read while
+    PREPARING). ``fraction`` None: the fleet does not know it (or etcd could not be read);
+    ``key`` "": its identity could not be read."""
+
+    key: str
+    fraction: float | None = None
+    oom_fractions: tuple[float, ...] = ()
+    source: str = ""
+    when: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class FleetShared:
+    """These lessons are in the fleet's record now."""
+
+    entries: tuple[FleetOom, ...]
+
+
+Event = (
+    Boot | Prepared | PrepareFailed | Launched | LaunchFailed | ProbeResult | FactsUpdated
+    | ServerDied | ServerExited | TimerFired | GpuLost | StopRequested | ConfigChanged | PartDied
+    | RestartRequested | GroupLaunch | GroupEnded | GroupGaveUp | FleetAdvice | FleetShared
+)
+
+
+# --- actions ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Prepare:
+    """Clear old servers off the GPUs, wait for memory, run preflight."""
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    argv: tuple[str, ...]
+    fraction: float | None  # None: the flag is left out and SGLang chooses
+    hicache_size_gb: int
+    attempt: int
+
+
+class StopMode(enum.StrEnum):
+    """How a stop begins; every mode ends with the whole group killed after ``grace_s``."""
+
+    DRAIN = "drain"  # SIGTERM to SGLang's main process only: it drains in-flight requests
+    DUMP = "dump"  # SIGQUIT to the main process: a hung server dumps its stacks, then dies
+    AWAIT = "await"  # the server is already dying on its own: only bound its teardown
+
+
+@dataclass(frozen=True, slots=True)
+class StopServer:
+    grace_s: float  # how long the first step may take before the group is killed
+    reason: str
+    mode: StopMode = StopMode.DRAIN
+
+
+@dataclass(frozen=True, slots=True)
+class RouterAdd:
+    """Register the server with the router (it is READY: our server answering on our port)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouterRemove:
+    """Take the server out of the router now: it died (``at``: when that was noticed), or a
+    stop is about to begin, which then waits for this removal (bounded by
+    ``[router] remove_wait_s``) before it signals the server."""
+
+    reason: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class SetTimer:
+    name: Timer
+    delay_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTimer:
+    name: Timer
+
+
+@dataclass(frozen=True, slots=True)
+class Emit:
+    """Hand ``event`` to every sink (the daemon stamps its host and instance)."""
+
+    event: ev.Event
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """Probe the server's health endpoint now and report a ``ProbeResult``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Persist:
+    """Write the learned state (and the live server's pid) to the state directory."""
+
+
+@dataclass(frozen=True, slots=True)
+class Exit:
+    code: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupReport:
+    """[group]: tell the group how this node's rank of ``generation`` ended (etcd records
+    the order; the leader picks the root cause among the reports)."""
+
+    generation: int
+    diagnosis: Diagnosis
+    exit: str
+
+
+@dataclass(frozen=True, slots=True)
+class FleetShare:
+    """Merge these lessons into the fleet's record (read, merge, compare-and-swap, retried
+    until it works); a ``FleetShared`` follows once they are in."""
+
+    entries: tuple[FleetOom, ...]
+
+
+Action = (
+    Prepare | Launch | StopServer | SetTimer | CancelTimer | Emit | Probe | Persist | Exit | RouterAdd | RouterRemove
+    | GroupReport | FleetShare
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Ctx:
+    """The inputs besides state and event: the time, the config, the jitter source."""
+
+    now: float
+    cfg: Config
+    rng: random.Random
+    wall_time: str = ""  # RFC 3339, only for the history shown to people

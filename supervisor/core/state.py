@@ -1,0 +1,212 @@
+"""The core's state and its JSON form: what the machine holds (``Core``) and what it has
+learned and keeps across restarts of the daemon (``Learned``: the fraction, the crash
+history, the fleet's lessons), with the timers it may have set."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from supervisor.core.config import Config
+from supervisor.core.fleet import FleetOom
+from supervisor.core.model import Cause, Phase, Remedy, StartupFacts, State
+
+HISTORY_LIMIT = 200
+FLEET_PENDING_LIMIT = 50  # lessons kept for the fleet while etcd is away; the rung is kept anyway
+
+
+class Timer(enum.StrEnum):
+    """The core's timers. An enum, so that a misspelt name fails where it is written instead
+    of falling through ``step`` as an event that means nothing."""
+
+    PROBE = "probe"  # next health probe (startup poll, or the fixed rate while serving)
+    STARTUP = "startup"  # the hard cap on a start
+    SILENCE = "silence"  # a start that printed nothing for too long
+    BACKOFF = "backoff"  # the restart delay after a crash
+    STABLE = "stable"  # serving long enough to forget the crash streak
+
+
+# --- learned state (persisted) ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CrashRecord:
+    """One line of the crash history, as shown by ``status``."""
+
+    wall_time: str  # RFC 3339, for people
+    cause: Cause
+    remedy: Remedy
+    phase: Phase
+    exit: str  # "killed by SIGKILL", "exit code 1", "stopped by us"
+    fraction: float | None  # None: SGLang's own choice, not read from its log
+    next_fraction: float | None
+    evidence: str
+    location: str | None
+    attempt: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form in state.json: enums as their string values."""
+        d = dataclasses.asdict(self)
+        d.update(cause=str(self.cause), remedy=str(self.remedy), phase=str(self.phase))
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CrashRecord:
+        """Back from JSON. A value this version does not know (a state file written by a newer
+        one) reads as ``other`` / ``restart`` / ``starting``: one history line loses its
+        detail, while the rung and the fractions that ran out of memory are kept."""
+        typed = {
+            "cause": _member(Cause.parse, d["cause"], Cause.OTHER),
+            "remedy": _member(Remedy, d["remedy"], Remedy.RESTART),
+            "phase": _member(Phase, d["phase"], Phase.STARTING),
+        }
+        return cls(**{**d, **typed})
+
+
+_E = TypeVar("_E", Cause, Remedy, Phase)
+
+
+def _member(parse: Callable[[str], _E], value: str, default: _E) -> _E:
+    try:
+        return parse(value)
+    except ValueError:
+        return default
+
+
+@dataclass(frozen=True, slots=True)
+class FleetNote:
+    """What the fleet's record said the last time it was read for this server (docs/fleet.md):
+    its rung, where and when it was reached, the fractions that ran out of memory there, and
+    whether the fleet lowered our own rung (from ``own_fraction``, at ``applied_at``)."""
+
+    key: str
+    fraction: float  # the fleet's rung (our floor, if the fleet's went below it)
+    source: str  # "HOST/SERVER (CONFIG)" of the OOM that took the fleet there
+    when: str  # that OOM's wall time
+    oom_fractions: tuple[float, ...] = ()
+    own_fraction: float | None = None  # our rung before the fleet's was applied
+    applied: bool = False
+    applied_at: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["oom_fractions"] = list(self.oom_fractions)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FleetNote:
+        own = d.get("own_fraction")
+        return cls(
+            key=str(d["key"]), fraction=float(d["fraction"]), source=str(d.get("source", "")),
+            when=str(d.get("when", "")), oom_fractions=tuple(float(x) for x in d.get("oom_fractions", [])),
+            own_fraction=None if own is None else float(own), applied=bool(d.get("applied", False)),
+            applied_at=str(d.get("applied_at", "")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Learned:
+    """What survives a daemon restart: the rung, what crashed, the history; with ``[fleet]``
+    also the lessons not yet written to the fleet's record and what the fleet last said."""
+
+    # None: not set by us, SGLang chooses (the flag is left out) until its server_args line
+    # says what it chose; from then on the ladder steps from that value.
+    fraction: float | None
+    hicache_size_gb: int
+    base_fraction: float | None  # the configured fraction this was learned from (None = SGLang's)
+    base_hicache_size_gb: int
+    oom_fractions: frozenset[float] = frozenset()
+    history: tuple[CrashRecord, ...] = ()
+    restarts: int = 0
+    fleet_pending: tuple[FleetOom, ...] = ()  # OOMs the fleet's record does not hold yet
+    fleet: FleetNote | None = None
+
+    @property
+    def ceiling_fractions(self) -> frozenset[float]:
+        """Fractions the ladder never climbs back to: ours that ran out of CUDA memory, and the
+        fleet's (the same configuration on the same GPU ran out there)."""
+        return self.oom_fractions | frozenset(self.fleet.oom_fractions if self.fleet else ())
+
+    @classmethod
+    def initial(cls, cfg: Config) -> Learned:
+        base = cfg.server.mem_fraction_static
+        return cls(base, cfg.server.hicache_size_gb, base, cfg.server.hicache_size_gb)
+
+    def rebased(self, cfg: Config) -> Learned:
+        """Keep what was learned unless the operator changed the configured starting point."""
+        fresh = Learned.initial(cfg)
+        if (fresh.base_fraction, fresh.base_hicache_size_gb) == (
+            self.base_fraction,
+            self.base_hicache_size_gb,
+        ):
+            return self
+        return replace(
+            fresh, oom_fractions=self.oom_fractions, history=self.history, restarts=self.restarts,
+            fleet_pending=self.fleet_pending,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["oom_fractions"] = sorted(self.oom_fractions, reverse=True)
+        d["history"] = [h.to_dict() for h in self.history]
+        # Fleet memory's keys only when it has something to say: a daemon without [fleet]
+        # writes the same state file as before it existed.
+        d.pop("fleet_pending", None)
+        d.pop("fleet", None)
+        if self.fleet_pending:
+            d["fleet_pending"] = [{**o.to_dict(), "key": o.key} for o in self.fleet_pending]
+        if self.fleet is not None:
+            d["fleet"] = self.fleet.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Learned:
+        return cls(
+            fraction=None if d["fraction"] is None else float(d["fraction"]),
+            hicache_size_gb=int(d["hicache_size_gb"]),
+            base_fraction=None if d["base_fraction"] is None else float(d["base_fraction"]),
+            base_hicache_size_gb=int(d["base_hicache_size_gb"]),
+            oom_fractions=frozenset(float(x) for x in d.get("oom_fractions", [])),
+            history=tuple(CrashRecord.from_dict(h) for h in d.get("history", [])),
+            restarts=int(d.get("restarts", 0)),
+            fleet_pending=tuple(FleetOom.from_dict(o) for o in d.get("fleet_pending", [])),
+            fleet=None if not d.get("fleet") else FleetNote.from_dict(d["fleet"]),
+        )
+
+
+# --- the machine's state ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Core:
+    state: State
+    learned: Learned
+    attempt: int = 0  # launches since the daemon started
+    pid: int | None = None
+    launched_at: float | None = None
+    ready_at: float | None = None
+    failures: int = 0  # crash streak (resets after a stable period)
+    crash_times: tuple[float, ...] = ()  # monotonic, for the give-up window
+    probe_failures: int = 0
+    pending: Cause | None = None  # why we are stopping the server to relaunch it
+    pending_detail: str = ""
+    last_cause: Cause | None = None
+    recovering_from: Cause | None = None  # cause of the crash the next ready recovers from
+    headroom_checked: bool = False
+    facts: StartupFacts | None = None
+    reason: str = ""  # why the last transition happened (status, gave-up reason)
+    part_died: str = ""  # "sglang::scheduler (pid 12)": a process of the tree that died first
+    generation: int = 0  # [group]: the group generation this node runs (or last ran)
+    fleet_key: str = ""  # the fleet key of the configuration being launched ("" = not known)
+
+    @classmethod
+    def initial(cls, learned: Learned) -> Core:
+        return cls(State.STOPPED, learned)
+
+    @property
+    def phase(self) -> Phase:
+        served = self.state is State.READY or self.ready_at is not None
+        return Phase.SERVING if served else Phase.STARTING
