@@ -47,7 +47,7 @@ from supervisor.core import events as ev
 from supervisor.core import machine
 from supervisor.core.config import Config, ConfigError, alert_instance, server_configs, unit_name
 from supervisor.core.messages import Boot
-from supervisor.rolling import PassEnd, roll
+from supervisor.services.rolling import PassEnd, roll
 from supervisor.unit import ServerUnit, wall_now
 
 

@@ -25,7 +25,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from supervisor import release
 from supervisor.adapters.ports import (
     GpuInfo,
     GpuProbe,
@@ -79,11 +78,12 @@ from supervisor.core.model import Cause, ExitStatus, State, rfc3339
 from supervisor.core.ownership import LAUNCH_VAR, MARK_VAR, gpu_env, recorded_server, server_env
 from supervisor.core.startup_facts import StartupFactsParser
 from supervisor.core.state import Core, Learned, Timer
-from supervisor.routing import RouterSync
+from supervisor.services import release
+from supervisor.services.routing import RouterSync
 
 if TYPE_CHECKING:
-    from supervisor.fleet_sync import FleetSync
-    from supervisor.grouping import GroupSync
+    from supervisor.services.fleet_sync import FleetSync
+    from supervisor.services.grouping import GroupSync
 
 KERNEL_LOG_TAIL = 256 * 1024
 
@@ -383,7 +383,7 @@ class ServerUnit:
                 hicache_size_gb=launch.hicache_size_gb,
                 attempt=launch.attempt,
                 pid=server.pid,
-                rung=_rung(launch.fraction, cfg),
+                rung=launch.rung,
                 launch_id=self._launch_nonce,
             ),
         )
@@ -586,7 +586,7 @@ class ServerUnit:
             )
             self._spawn(self._router.run(), "router")
         if self.cfg.group.enabled and self.p.group_etcd is not None:
-            from supervisor.grouping import GroupSync, node_config_hash  # only with [group] on
+            from supervisor.services.grouping import GroupSync, node_config_hash  # only with [group] on
 
             self._group = GroupSync(
                 self.p.group_etcd, self.cfg, config_hash=node_config_hash(self.cfg), host=self.p.host,
@@ -594,7 +594,7 @@ class ServerUnit:
             )
             self._spawn(self._group.run(), "group")
         if self.cfg.fleet.enabled and self.p.fleet_store is not None and self.p.sglang_version is not None:
-            from supervisor.fleet_sync import FleetSync  # only with [fleet] on
+            from supervisor.services.fleet_sync import FleetSync  # only with [fleet] on
 
             self._fleet = FleetSync(
                 self.p.fleet_store, self.p.sglang_version, prefix=self.cfg.fleet.prefix, host=self.p.host,
@@ -671,12 +671,6 @@ def _read_tail(path: str) -> str | None:
             return f.read().decode("utf-8", errors="replace")
     except OSError:
         return None
-
-
-def _rung(fraction: float | None, cfg: Config) -> int:
-    from supervisor.core.policy import rung_of
-
-    return rung_of(fraction, cfg.policy.fraction_ladder)
 
 
 

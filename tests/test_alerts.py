@@ -17,9 +17,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from supervisor.cli.drill import run
+from supervisor.core.backoff import exponential_backoff
 from supervisor.core.config import Config, MqttConfig
 from supervisor.core.events import ALERT_KINDS
-from supervisor.core.policy import exponential_backoff
 from supervisor.sinks.alerts import (
     RECONNECT_FACTOR,
     RECONNECT_JITTER,

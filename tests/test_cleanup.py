@@ -25,7 +25,7 @@ from supervisor.adapters.cleanup import (
     server_kind,
 )
 from supervisor.adapters.ports import GIB
-from supervisor.release import wait_until_released
+from supervisor.services.release import wait_until_released
 from supervisor.sim import simgpu
 from supervisor.sim.gpuprobe import SimulatedProbe
 

@@ -13,10 +13,10 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from supervisor import daily
 from supervisor.core import events as ev
 from supervisor.core.config import config_from_overrides
 from supervisor.core.model import Cause, Phase, Remedy, State
+from supervisor.services import daily
 from supervisor.sinks.alerts import Context, MqttAlerter, build_alert
 from supervisor.sinks.gpuring import GpuRingSink
 from supervisor.sinks.journal import JournalSink

@@ -36,7 +36,7 @@ from supervisor.core.machine import (
     step,
 )
 from supervisor.core.model import Cause, Diagnosis, ExitStatus, Phase, State
-from supervisor.fleet_sync import FleetSync, gpu_identity
+from supervisor.services.fleet_sync import FleetSync, gpu_identity
 
 KEY = f"{FLEET_PREFIX}/moonshotai_Kimi-K2.5/0.5.23/Simulated_GPU_96GB-98304MiB/tp8-dp1-pp1-ep1-n1/abcdef012345"
 NOW = 1000.0

@@ -24,7 +24,7 @@ from supervisor.adapters.gpu import (
 from supervisor.adapters.ports import GIB
 from supervisor.cli import registry
 from supervisor.core.config import GpuConfig
-from supervisor.release import wait_until_released
+from supervisor.services.release import wait_until_released
 from supervisor.sim.gpuprobe import SimulatedProbe
 
 UUID0 = "GPU-11111111-2222-3333-4444-555555555555"

@@ -12,7 +12,7 @@ import pytest
 from supervisor.adapters.gpu import GpuInfo, GpuMonitor, GpuProbeError, GpuWatch
 from supervisor.adapters.ports import GIB
 from supervisor.core.events import GpuLowFree, GpuProbeFailed
-from supervisor.release import ERRORS_BEFORE_DEGRADED, gpus_released, wait_until_released
+from supervisor.services.release import ERRORS_BEFORE_DEGRADED, gpus_released, wait_until_released
 from supervisor.sim import simgpu
 from supervisor.sim.gpuprobe import SimulatedProbe
 

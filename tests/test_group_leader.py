@@ -32,7 +32,7 @@ from supervisor.core.group import (
     leader_step,
 )
 from supervisor.core.model import Cause, Diagnosis, Phase, State
-from supervisor.grouping import GroupSync
+from supervisor.services.grouping import GroupSync
 
 TTL = 15.0
 RULES = LeaderRules(group="kimi", nnodes=2, lease_ttl_s=TTL, stop_grace_s=30.0, stable_after_s=600.0,

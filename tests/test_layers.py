@@ -43,9 +43,12 @@ VIOLATIONS = [
     ("daemon.py", "import supervisor.adapters.process", None),  # allowed by the layers: must stay kept
     ("adapters/gpu.py", "import supervisor.adapters.cleanup", "adapters are independent"),
     ("adapters/etcd.py", "import supervisor.adapters.versions", "adapters are independent"),
-    ("fleet_sync.py", "import supervisor.adapters.etcd", "fleet memory and groups reach etcd and the version probe through ports"),
-    ("grouping.py", "import supervisor.adapters.etcd", "fleet memory and groups reach etcd and the version probe through ports"),
+    ("services/fleet_sync.py", "import supervisor.adapters.etcd", "fleet memory and groups reach etcd and the version probe through ports"),
+    ("services/grouping.py", "import supervisor.adapters.etcd", "fleet memory and groups reach etcd and the version probe through ports"),
     ("sinks/logs.py", "import supervisor.sinks.metrics", "sinks are independent of each other"),
+    ("services/rolling.py", "import supervisor.services.routing", "services are independent of each other"),
+    ("unit.py", "import supervisor.core.policy", "the shell decides nothing"),
+    ("services/routing.py", "from supervisor.core.policy import decide", "the shell decides nothing"),
     ("cli/run.py", "import supervisor.sim.simgpu", "the CLI reaches the simulator only through cli.registry"),
     ("sim/demo.py", "import supervisor.daemon", "the simulator never imports the daemon"),
     ("core/policy.py", "import asyncio", "the core does no I/O"),
@@ -85,8 +88,8 @@ def test_the_daemon_side_loads_no_simulator_torch_or_sglang() -> None:
     modules = [
         "supervisor.cli", "supervisor.cli.run", "supervisor.cli.status", "supervisor.cli.restart",
         "supervisor.cli.preflight", "supervisor.cli.drill", "supervisor.cli.explain", "supervisor.cli.registry",
-        "supervisor.cli.fleet", "supervisor.cli.report", "supervisor.daemon", "supervisor.unit", "supervisor.preflight", "supervisor.release",
-        "supervisor.routing", "supervisor.fleet_sync", "supervisor.daily",
+        "supervisor.cli.fleet", "supervisor.cli.report", "supervisor.daemon", "supervisor.unit",
+        *(f"supervisor.services.{p.stem}" for p in (REPO / "supervisor" / "services").glob("*.py")),
         *(f"supervisor.adapters.{p.stem}" for p in (REPO / "supervisor" / "adapters").glob("*.py")),
         *(f"supervisor.sinks.{p.stem}" for p in (REPO / "supervisor" / "sinks").glob("*.py")),
     ]

@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from supervisor.core.backoff import exponential_backoff
 from supervisor.core.config import PolicyConfig
 from supervisor.core.model import Cause, Remedy
 from supervisor.core.policy import (
     Decision,
     backoff_delay,
     decide,
-    exponential_backoff,
     fraction_above,
     fraction_below,
     rung_of,

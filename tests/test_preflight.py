@@ -15,7 +15,7 @@ from test_cleanup import Spawn, spawn  # noqa: F401 - the fixture, shared rather
 from supervisor.adapters.ports import GpuProbeError
 from supervisor.cli.preflight import add_arguments, run
 from supervisor.core.config import Config, GpuConfig, ServerConfig, StateConfig
-from supervisor.preflight import (
+from supervisor.services.preflight import (
     GB,
     Check,
     check_gpu_count,

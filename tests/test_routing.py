@@ -1,4 +1,4 @@
-"""The router's view follows the server (``supervisor/routing.py``), on a fake router: in
+"""The router's view follows the server (``supervisor/services/routing.py``), on a fake router: in
 once READY, out at once when it dies, never another URL touched, and a router that was down
 or restarted is reconciled when it answers again."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from supervisor.adapters.ports import RouterError, RouterWorker
 from supervisor.core.events import Event
-from supervisor.routing import RouterSync
+from supervisor.services.routing import RouterSync
 
 OURS = "http://127.0.0.1:30001"
 OTHER = "http://127.0.0.1:30002"

@@ -10,7 +10,7 @@ from dataclasses import asdict
 
 from supervisor.cli import registry
 from supervisor.core.config import Config
-from supervisor.preflight import all_ok, cli_checks, format_table
+from supervisor.services.preflight import all_ok, cli_checks, format_table
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -60,7 +60,7 @@ def write_report(cfg: Config, *, fmt: str, output: str | None, since_s: float,
     ``ConfigError`` for a missing extra, like the other commands' bad input."""
     from supervisor import report
     from supervisor.core.config import ConfigError
-    from supervisor.daily import zone
+    from supervisor.services.daily import zone
 
     now = time.time() if now is None else now  # wall time: the journal's records carry wall times
     tz = zone(cfg.report.timezone)  # the daily summary's zone too

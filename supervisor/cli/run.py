@@ -36,7 +36,6 @@ async def run_daemon_async(
     """Build the real adapters around a ``Daemon`` and run it to the end."""
     from prometheus_client import CollectorRegistry
 
-    from supervisor import preflight
     from supervisor.adapters import cleanup, control, gpu, reaper
     from supervisor.adapters.cgroup import cgroup_oom_kills
     from supervisor.adapters.health import HealthProber
@@ -46,6 +45,7 @@ async def run_daemon_async(
     from supervisor.adapters.store import StateStore
     from supervisor.cli import registry
     from supervisor.daemon import Daemon
+    from supervisor.services import preflight
     from supervisor.sinks import logs
 
     router = router_client(cfg)  # first: a bad token file stops here, before anything is started
@@ -164,7 +164,7 @@ def start_daily_summaries(daemon: Any, logger: Any) -> asyncio.Task[None]:
     set, move or clear ``daily_at``; without one it wakes once a minute to look."""
     import time
 
-    from supervisor import daily
+    from supervisor.services import daily
 
     def emit(name: str, event: Any) -> None:
         daemon.unit(name).emit(event)

@@ -110,7 +110,7 @@ def _launch(core: Core, ctx: Ctx, reason: str) -> tuple[Core, list[Action]]:
         part_died="",
     )
     return new, [
-        Launch(argv, fraction, hicache, attempt),
+        Launch(argv, fraction, hicache, attempt, policy.rung_of(fraction, ctx.cfg.policy.fraction_ladder)),
         *actions,
         SetTimer(Timer.STARTUP, ctx.cfg.health.startup_timeout_s),
         SetTimer(Timer.SILENCE, min(ctx.cfg.health.startup_silence_s, ctx.cfg.health.startup_timeout_s)),

@@ -175,6 +175,7 @@ class Launch:
     fraction: float | None  # None: the flag is left out and SGLang chooses
     hicache_size_gb: int
     attempt: int
+    rung: int | None = None  # the fraction's place on the ladder (None: off it)
 
 
 class StopMode(enum.StrEnum):

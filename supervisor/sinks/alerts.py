@@ -16,7 +16,7 @@ Topics (``{prefix}/{host}/{instance}/...``):
   ``headroom_low``, ``gpu_memory_stuck``, ``daily_summary``, ``drill``).
 
 The payload builders are pure functions (time and ids are passed in); the reconnect waits
-are ``policy.exponential_backoff``, the restart policy's backoff.
+are ``backoff.exponential_backoff``, the restart policy's backoff.
 The password is read from ``password_file`` at each connect and handed to the client only:
 it is never stored on the alerter, logged, or put in a repr or an exception.
 """
@@ -46,10 +46,10 @@ from aiomqtt.exceptions import MqttConnectError
 from structlog.typing import FilteringBoundLogger
 
 from supervisor.aio import cancel_and_wait, within
+from supervisor.core.backoff import exponential_backoff
 from supervisor.core.config import MqttConfig
 from supervisor.core.events import ALERT_KINDS, EVENTS, Event
 from supervisor.core.model import Cause, rfc3339
-from supervisor.core.policy import exponential_backoff
 
 T = TypeVar("T")
 
@@ -115,7 +115,7 @@ def client_id(cfg: MqttConfig, host: str, instance: str) -> str:
     return cfg.client_id or f"sglang-supervisor-{topic_segment(host)}-{topic_segment(instance)}"
 
 
-# Reconnects wait policy.exponential_backoff: doubling from [mqtt] reconnect_initial_s up to
+# Reconnects wait backoff.exponential_backoff: doubling from [mqtt] reconnect_initial_s up to
 # reconnect_max_s, each wait jittered to [d/2, d] so that many daemons do not reconnect in step.
 RECONNECT_FACTOR = 2.0
 RECONNECT_JITTER = (0.5, 1.0)

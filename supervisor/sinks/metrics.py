@@ -72,7 +72,7 @@ COUNTED_EVENTS = (
     "fleet_error",
     "daemon_failed",
 )
-ROUTER_OPS = ("add", "remove", "list")  # supervisor.routing
+ROUTER_OPS = ("add", "remove", "list")  # supervisor.services.routing
 ROUTER_REMOVE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 PROBE_FAILURE_REASONS = ("http_status", "no_response")  # an answer that is not 200 / none
 MQTT_FAILURE_REASONS = ("auth", "config", "tls", "timeout", "error")  # supervisor.sinks.alerts._failure

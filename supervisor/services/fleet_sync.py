@@ -27,11 +27,11 @@ from dataclasses import replace
 from supervisor.adapters.ports import FleetStore, GpuInfo, VersionReader
 from supervisor.aio import within
 from supervisor.core import events as ev
+from supervisor.core.backoff import exponential_backoff
 from supervisor.core.config import Config
 from supervisor.core.fleet import FleetOom, FleetRecord, fleet_identity, fleet_key, merge
 from supervisor.core.messages import FleetAdvice
 from supervisor.core.ownership import server_env
-from supervisor.core.policy import exponential_backoff
 
 UNKNOWN_GPU = "unknown"  # [gpu] backend = "none": no GPU name or memory to key on
 CAS_TRIES = 20  # conflicts in a row before a write counts as failed (and is retried later)

@@ -35,6 +35,7 @@ from dataclasses import replace
 from supervisor.adapters.ports import Etcd, EtcdError, KeyValue, Lease, WatchEvent
 from supervisor.aio import cancel_and_wait, within
 from supervisor.core import events as ev
+from supervisor.core.backoff import exponential_backoff
 from supervisor.core.config import Config
 from supervisor.core.fleet import parse_flags
 from supervisor.core.group import (
@@ -51,7 +52,6 @@ from supervisor.core.group import (
 )
 from supervisor.core.messages import Event, GroupEnded, GroupGaveUp, GroupLaunch
 from supervisor.core.model import Diagnosis, State
-from supervisor.core.policy import exponential_backoff
 
 RECONNECT_MAX_S = 5.0
 

@@ -30,8 +30,8 @@ from collections.abc import Callable
 
 from supervisor.adapters.ports import Router, RouterError
 from supervisor.aio import within
+from supervisor.core.backoff import exponential_backoff
 from supervisor.core.events import Event, RouterCallFailed, RouterRegistered, RouterRemoved
-from supervisor.core.policy import exponential_backoff
 
 RETRY_INITIAL_S = 0.5
 RECHECK_S = 1.0  # after a removal: catch a registration job of the router's that undid it
