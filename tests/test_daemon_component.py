@@ -8,6 +8,7 @@ when it wants to.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 
 from supervisor.adapters.ports import Ports, ProbeOutcome, StaleReport
 from supervisor.adapters.store import StoreError
+from supervisor.aio import within
 from supervisor.core.config import (
     Config,
     HealthConfig,
@@ -37,13 +39,26 @@ DEADLINE_S = 5.0
 
 
 class Recorder:
-    """An event sink that keeps every event."""
+    """An event sink that keeps every event; a test awaits the next one (``emitted``) instead
+    of polling: every step of the daemon that changes anything emits an event."""
 
     def __init__(self) -> None:
         self.events: list[tuple[str, dict[str, Any]]] = []
+        self._next: asyncio.Event | None = None
 
     def emit(self, event: Event) -> None:
         self.events.append((event.kind, event.fields()))
+        waiting, self._next = self._next, None
+        if waiting is not None:
+            waiting.set()
+
+    async def emitted(self, timeout_s: float = 0.1) -> None:
+        """Until the next event (at most ``timeout_s``: a fake's own state may change
+        without one)."""
+        if self._next is None:
+            self._next = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await within(self._next.wait(), timeout_s)
 
     def find(self, name: str) -> list[dict[str, Any]]:
         return [f for e, f in self.events if e == name]
@@ -274,7 +289,7 @@ class Rig:
         while not predicate():
             if self.task is not None and self.task.done():
                 raise AssertionError(f"the daemon ended (exit {self.task.result()}) before: {what}")
-            await asyncio.sleep(0.002)
+            await self.sink.emitted()
 
     def state(self) -> State | None:
         core = self.daemon.units[0].core

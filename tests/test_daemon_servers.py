@@ -109,7 +109,7 @@ class Pair:
         while not predicate():
             if self.task is not None and self.task.done():
                 raise AssertionError(f"the daemon ended (exit {self.task.result()}) before: {what}")
-            await asyncio.sleep(0.002)
+            await self.daemon_sink.emitted()
 
     async def both_ready(self) -> None:
         await self.until(lambda: self.state("a") is State.READY and self.state("b") is State.READY, "both READY")
@@ -125,7 +125,7 @@ async def test_a_crash_of_one_server_never_touches_the_other(tmp_path: Path) -> 
         pair.servers("a")[0].exit(1)  # a dies
         while len(pair.servers("a")) < 2 or pair.state("a") is not State.READY:
             b_states.append(pair.state("b"))
-            await asyncio.sleep(0.002)
+            await pair.daemon_sink.emitted()
         assert set(b_states) == {State.READY}  # b never left READY
         assert pair.servers("b") == [b_server] and b_server.stopped_with == [] and b_server.returncode is None
         # each server's events reach its own sinks, named; b's saw no crash
@@ -152,7 +152,7 @@ async def test_a_restart_takes_the_servers_down_one_at_a_time_and_refuses_a_seco
         while not (len(pair.servers("a")) == 2 and len(pair.servers("b")) == 2 and pair.state("b") is State.READY):
             if pair.state("a") is not State.READY and pair.state("b") is not State.READY:
                 never_both_down = False
-            await asyncio.sleep(0.001)
+            await pair.daemon_sink.emitted()
         assert never_both_down
         # a was back (relaunched) before b was stopped
         a_new, b_old = pair.servers("a")[1], pair.servers("b")[0]
