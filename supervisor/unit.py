@@ -313,7 +313,7 @@ class ServerUnit:
                     # anyway (the server's own startup OOM would tell) and say so once.
                     self.emit(ev.GpuProbeFailed(error=str(result.error), degraded=True, lost=False))
                 elif not result.ok:
-                    self.emit(result.stuck_event(cfg.gpu.release_timeout_s))
+                    self.emit(result.stuck_event(cfg.gpu.release_timeout_s, self.core.learned.fraction if self.core else None))
                     detail = result.describe(cfg.gpu.free_share_min)
                     self.post(PrepareFailed(Cause.GPU_MEMORY_STUCK, detail, True))
                     return

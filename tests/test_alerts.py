@@ -24,7 +24,6 @@ from supervisor.sinks.alerts import (
     RECONNECT_FACTOR,
     RECONNECT_JITTER,
     SEVERITY,
-    Context,
     MqttAlerter,
     Topics,
     build_alert,
@@ -47,14 +46,14 @@ CRASH: dict[str, Any] = {
     "next_retry_s": 10.0, "consecutive_failures": 1,
 }
 RESTART = {"delay_s": 10.0, "cause": "cuda_oom_runtime", "mem_fraction_static": 0.88, "hicache_size_gb": 0,
-           "attempt": 2, "rung": 1}
+           "attempt": 2, "rung": 1, "mem_fraction_before": 0.93}
 RECOVERED = {"startup_s": 312.4, "mem_fraction_static": 0.88, "hicache_size_gb": 0, "attempt": 2,
-             "cause": "cuda_oom_runtime"}
+             "cause": "cuda_oom_runtime", "mem_fraction_before": 0.93}
 
 
-def alert(event: str, fields: dict[str, Any], context: Context | None = None, max_chars: int = 2000) -> dict[str, Any]:
+def alert(event: str, fields: dict[str, Any], max_chars: int = 2000) -> dict[str, Any]:
     payload = build_alert(event, fields, host=HOST, instance=INSTANCE, ts=TS, alert_id="id-1",
-                          evidence_max_chars=max_chars, context=context or Context())
+                          evidence_max_chars=max_chars)
     assert payload is not None
     return payload
 
@@ -105,7 +104,7 @@ def test_non_alert_events_build_no_alert() -> None:
     """Probes, samples and launches are for logs and metrics, not for phones."""
     for event in ("probe", "gpu_sample", "launch", "state_changed", "server_ready"):
         assert build_alert(event, {}, host=HOST, instance=INSTANCE, ts=TS, alert_id="x",
-                           evidence_max_chars=100, context=Context()) is None
+                           evidence_max_chars=100) is None
 
 
 def test_evidence_is_truncated_to_the_limit_with_a_marker() -> None:
@@ -123,18 +122,15 @@ def test_evidence_is_truncated_to_the_limit_with_a_marker() -> None:
 
 
 def test_restart_and_recovery_report_the_fraction_before_and_after() -> None:
-    """A restart and a recovery name the fraction that crashed and the one that replaces it."""
-    ctx = Context()
-    ctx.observe("launch", {"mem_fraction_static": 0.93})
-    ctx.observe("crash", CRASH)
-    restart = alert("restart_scheduled", RESTART, ctx)
+    """A restart and a recovery name the fraction that crashed and the one that replaces it,
+    as their events carry them."""
+    restart = alert("restart_scheduled", RESTART)
     assert (restart["mem_fraction_static"], restart["next_mem_fraction_static"]) == (0.93, 0.88)
     assert restart["next_retry_s"] == 10.0
     assert restart["message"] == (
         "sglang kimi on gpu-node-3 restarting at 0.88 in 10 s (attempt 2) after a CUDA OOM while serving"
     )
-    ctx.observe("launch", {"mem_fraction_static": 0.88})
-    recovered = alert("recovered", RECOVERED, ctx)
+    recovered = alert("recovered", RECOVERED)
     assert (recovered["mem_fraction_static"], recovered["next_mem_fraction_static"]) == (0.93, 0.88)
     assert recovered["message"] == (
         "sglang kimi on gpu-node-3 is serving again at 0.88 after a CUDA OOM while serving "
@@ -144,11 +140,8 @@ def test_restart_and_recovery_report_the_fraction_before_and_after() -> None:
 
 def test_gave_up_counts_the_crashes_and_asks_for_a_human() -> None:
     """Giving up says how many crashes it took, why, and that a person is needed."""
-    ctx = Context()
-    for _ in range(5):
-        ctx.observe("crash", CRASH)
     p = alert("gave_up", {"reason": "5 crashes within 3600 s", "cause": "cuda_oom_runtime",
-                          "mem_fraction_static": 0.8}, ctx)
+                          "mem_fraction_static": 0.8, "crashes": 5})
     assert p["message"] == "sglang kimi on gpu-node-3 gave up after 5 crashes: 5 crashes within 3600 s; needs a human"
     assert (p["mem_fraction_static"], p["next_mem_fraction_static"]) == (0.8, None)
     first = alert("gave_up", {"cause": "gpu_hw_error"})
@@ -368,3 +361,24 @@ def test_drill_command_exits_1_without_a_broker_or_when_disabled(capsys: pytest.
     assert capsys.readouterr().out.startswith("drill: NOT acknowledged: broker 127.0.0.1:")
     assert run(args, Config(mqtt=MqttConfig(enabled=False), name="kimi")) == 1
     assert "enabled = false" in capsys.readouterr().out
+
+
+def test_the_restart_alert_of_a_real_event_order_names_the_fraction_that_crashed() -> None:
+    """Driven by the state machine itself: its BACKOFF state change (at the new fraction)
+    comes before the restart it schedules, so a sink that reconstructed "the fraction before"
+    from the events it had seen said 0.88 -> 0.88. The events carry it now."""
+    from test_machine import Night, oom_runtime
+
+    from supervisor.core.machine import Emit, Launched, Prepared, ProbeResult, ServerExited, Timer, TimerFired
+    from supervisor.core.model import ExitStatus
+
+    night = Night()
+    actions = [*night.starting(), *night.send(ProbeResult(ok=True), after=60)]
+    actions += night.send(ServerExited(ExitStatus(signal=9), oom_runtime()))
+    actions += [*night.send(TimerFired(Timer.BACKOFF), after=100), *night.send(Prepared()), *night.send(Launched(4242)),
+                *night.send(ProbeResult(ok=True), after=30)]
+    alerts = {a["kind"]: a for a in (build_alert(e.event.kind, e.event.fields(), host=HOST, instance=INSTANCE, ts=TS,
+                                                 alert_id="x", evidence_max_chars=200)
+                                     for e in actions if isinstance(e, Emit)) if a is not None}
+    for kind in ("crash", "restart", "recovered"):
+        assert (alerts[kind]["mem_fraction_static"], alerts[kind]["next_mem_fraction_static"]) == (0.93, 0.88), kind

@@ -17,7 +17,7 @@ from supervisor.core import events as ev
 from supervisor.core.config import config_from_overrides
 from supervisor.core.model import Cause, Phase, Remedy, State
 from supervisor.services import daily
-from supervisor.sinks.alerts import Context, MqttAlerter, build_alert
+from supervisor.sinks.alerts import MqttAlerter, build_alert
 from supervisor.sinks.gpuring import GpuRingSink
 from supervisor.sinks.journal import JournalSink
 
@@ -71,7 +71,7 @@ def test_the_summary_has_the_key_figures(tmp_path):
     assert s.lost_s == 120.0 and s.open_problems == () and s.least_free_gb == pytest.approx(0.78, abs=0.01)
     assert s.serving_pct == pytest.approx(100 * (36000 - 120 - 120) / 36000, abs=0.1)
     payload = build_alert("daily_summary", s.fields(), host="gpu-node-3", instance="kimi",
-                          ts=datetime.now(PARIS), alert_id="1", evidence_max_chars=2000, context=Context())
+                          ts=datetime.now(PARIS), alert_id="1", evidence_max_chars=2000)
     assert payload is not None and payload["kind"] == "daily_summary" and payload["severity"] == "info"
     assert payload["message"] == (
         "sglang kimi on gpu-node-3, the last 10 h: serving 99.3 % of the time; 1 crash (cuda_oom_runtime x 1), "

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from supervisor.core.config import MqttConfig
 from supervisor.core.model import Cause
-from supervisor.sinks.alerts import Context, MqttAlerter, build_alert, truncate_evidence
+from supervisor.sinks.alerts import MqttAlerter, build_alert, truncate_evidence
 from tests.edge import edge
 
 MARKER = re.compile(r"\n\.\.\. \[truncated (\d+) chars\]\Z")
@@ -68,7 +68,7 @@ def test_alert_payload_with_huge_evidence_is_bounded(ev: Any, limit: int, cause:
     fields = {"cause": str(cause), "evidence": ev, "phase": "serving", "mem_fraction_static": 0.93,
               "next_mem_fraction_static": 0.88, "attempt": 3, "next_retry_s": 10.0, "reason": "budget spent"}
     payload = build_alert(kind, fields, host="gpu-node-7", instance="kimi", ts=TS, alert_id="id-1",
-                          evidence_max_chars=limit, context=Context())
+                          evidence_max_chars=limit)
     assert payload is not None
     assert_truncated(payload["evidence"], joined(ev), limit)
     size = len(json.dumps(payload, ensure_ascii=False).encode())
@@ -94,6 +94,6 @@ def test_gpu_memory_stuck_evidence_from_many_gpus_is_bounded(count: int, limit: 
     """The stuck-memory alert builds its evidence from the GPU list: bounded as well."""
     gpus = [{"index": i, "uuid": f"GPU-{i:08d}", "free_bytes": 1, "total_bytes": 2} for i in range(count)]
     payload = build_alert("gpu_memory_stuck", {"gpus": gpus, "timeout_s": 120}, host="h", instance="i",
-                          ts=TS, alert_id="id", evidence_max_chars=limit, context=Context())
+                          ts=TS, alert_id="id", evidence_max_chars=limit)
     assert payload is not None
     assert len(payload["evidence"]) <= limit

@@ -164,8 +164,8 @@ async def test_stuck_memory_is_not_ok_after_the_timeout(sim_dir: Path, sleeper: 
     text = result.describe(0.95)
     assert "needs a GPU reset" in text and "GPU 1 (" in text and "41.0 of 141.0 GiB free (29%)" in text
     assert "GPU 0" not in text  # only the cards still held are named
-    stuck = result.stuck_event(120)
-    assert stuck.timeout_s == 120
+    stuck = result.stuck_event(120, 0.93)
+    assert (stuck.timeout_s, stuck.mem_fraction_static) == (120, 0.93)
     assert [(g["index"], g["free_bytes"]) for g in stuck.gpus] == [(0, 141 * GIB), (1, 41 * GIB)]
 
 

@@ -42,7 +42,7 @@ from supervisor.core.site_rules import (
     rule_pattern,
     rule_toml,
 )
-from supervisor.sinks.alerts import Context, build_alert
+from supervisor.sinks.alerts import build_alert
 from supervisor.sinks.journal import JOURNAL, JournalSink, read_journal
 
 REPO = Path(__file__).resolve().parent.parent
@@ -503,7 +503,7 @@ TS = datetime(2026, 10, 4, 3, 12, 9, tzinfo=UTC)
 
 def alert(event: ev.Crash) -> dict[str, Any]:
     payload = build_alert("crash", event.fields(), host="gpu-node-3", instance="kimi", ts=TS, alert_id="i",
-                          evidence_max_chars=2000, context=Context())
+                          evidence_max_chars=2000)
     assert payload is not None
     return dict(payload)
 

@@ -312,6 +312,7 @@ class Recovered(Event):
     hicache_size_gb: float | None
     attempt: int
     cause: Cause
+    mem_fraction_before: float | None  # the fraction it crashed at
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -398,6 +399,7 @@ class RestartScheduled(Event):
     hicache_size_gb: float | None
     attempt: int  # the next one
     rung: int | None
+    mem_fraction_before: float | None  # the one that crashed (or was stopped)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -409,6 +411,7 @@ class GaveUp(Event):
     cause: Cause | None
     mem_fraction_static: float | None
     restarts: int
+    crashes: int  # the streak that ended here (0: it gave up without crashing)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -531,6 +534,7 @@ class GpuMemoryStuck(Event):
     severity = "critical"
     gpus: tuple[Json, ...]  # {index, uuid, free_bytes, total_bytes}
     timeout_s: float
+    mem_fraction_static: float | None  # of the server that held them
 
 
 # --- while serving ---------------------------------------------------------------------------

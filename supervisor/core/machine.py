@@ -135,7 +135,7 @@ def _give_up(core: Core, reason: str, cause: Cause | None) -> tuple[Core, list[A
         *_cancel_run_timers(),
         *actions,
         Emit(ev.GaveUp(reason=reason, cause=cause, mem_fraction_static=new.learned.fraction,
-                       restarts=new.learned.restarts)),
+                       restarts=new.learned.restarts, crashes=new.failures)),
     ]
 
 
@@ -215,6 +215,7 @@ def _after_failure(
     cause = diagnosis.cause
     window_start = ctx.now - cfg.policy.crash_window_s
     counted = not immediate  # a preemptive step-down is not a crash
+    before = core.learned.fraction
     crash_times = tuple(t for t in core.crash_times if t >= window_start)
     if counted:
         crash_times += (ctx.now,)
@@ -290,6 +291,7 @@ def _after_failure(
             hicache_size_gb=decision.hicache_size_gb,
             attempt=core.attempt + 1,
             rung=policy.rung_of(decision.fraction, cfg.policy.fraction_ladder),
+            mem_fraction_before=before,
         )),
         SetTimer(Timer.BACKOFF, decision.delay_s),
     ]
@@ -363,6 +365,7 @@ def _ready(core: Core, ctx: Ctx) -> tuple[Core, list[Action]]:
         out.append(Emit(ev.Recovered(
             startup_s=ready.startup_s, mem_fraction_static=ready.mem_fraction_static,
             hicache_size_gb=ready.hicache_size_gb, attempt=ready.attempt, cause=core.recovering_from,
+            mem_fraction_before=core.learned.history[-1].fraction if core.learned.history else None,
         )))
     out += [
         SetTimer(Timer.PROBE, ctx.cfg.health.interval_s),

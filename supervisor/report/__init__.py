@@ -19,7 +19,7 @@ from typing import Any
 from supervisor.core.config import Config, alert_instance, server_configs, unit_name
 from supervisor.core.night import Night, summarize
 from supervisor.core.site_rules import rule_toml
-from supervisor.sinks.alerts import Context, describe
+from supervisor.sinks.alerts import describe
 from supervisor.sinks.gpuring import Ring, read_ring
 from supervisor.sinks.journal import read_journal
 
@@ -49,13 +49,8 @@ def todo_sentences(night: Night, records: Sequence[dict[str, Any]], *, instance:
     after the time it was raised."""
     out: list[str] = []
     for kind, record in night.open_problems:
-        context = Context()
-        for r in records:
-            if r is record:
-                break
-            context.observe(str(r.get("kind")), r)
         host = str(record.get("host") or socket.gethostname()).split(".")[0]
-        sentence = describe(kind, record, host=host, instance=instance, context=context)
+        sentence = describe(kind, record, host=host, instance=instance)
         out.append(f"{clock_time(float(record['t']), tz)}: {sentence}")
     return tuple(out)
 

@@ -42,14 +42,15 @@ class ReleaseResult:
             "needs a GPU reset): " + "; ".join(g.describe() for g in held)
         )
 
-    def stuck_event(self, timeout_s: float) -> GpuMemoryStuck:
-        """The ``gpu_memory_stuck`` event."""
+    def stuck_event(self, timeout_s: float, fraction: float | None) -> GpuMemoryStuck:
+        """The ``gpu_memory_stuck`` event (``fraction``: of the server that held them)."""
         return GpuMemoryStuck(
             gpus=tuple(
                 {"index": g.index, "uuid": g.uuid, "free_bytes": g.free_bytes, "total_bytes": g.total_bytes}
                 for g in self.gpus
             ),
             timeout_s=timeout_s,
+            mem_fraction_static=fraction,
         )
 
 

@@ -137,24 +137,6 @@ def truncate_evidence(evidence: object, max_chars: int) -> str:
     return text[:keep] + TRUNCATION_MARKER.format(n=len(text) - keep)
 
 
-@dataclass(slots=True)
-class Context:
-    """What earlier events said, for the "before" values and counts of later alerts."""
-
-    fraction: float | None = None  # of the server launched last
-    crash_fraction: float | None = None  # of the server that crashed last
-    crashes: int = 0  # since the last recovery
-
-    def observe(self, event: str, fields: Mapping[str, Any]) -> None:
-        if event in ("launch", "server_ready", "state_changed") and "mem_fraction_static" in fields:
-            self.fraction = fields["mem_fraction_static"]
-        elif event == "crash":
-            self.crash_fraction = fields.get("mem_fraction_static", self.fraction)
-            self.crashes += 1
-        elif event == "recovered":
-            self.crashes = 0
-
-
 def _fraction(value: object) -> str:
     return "SGLang's default fraction" if value is None else f"{value:g}" if isinstance(value, float | int) else str(value)
 
@@ -181,8 +163,8 @@ def _gb(value: object) -> str:
     return f"{value:.1f} GB" if isinstance(value, float | int) else "? GB"
 
 
-Wording = Callable[[Callable[..., Any], str, str, "Context"], str]
-"""(the event's field getter, who ("sglang NAME on HOST"), host, context) -> the sentence."""
+Wording = Callable[[Callable[..., Any], str, str], str]
+"""(the event's field getter, who ("sglang NAME on HOST"), host) -> the sentence."""
 
 
 UNRECOGNISED_CHARS = 120  # the line it could not name, in a crash alert's sentence
@@ -193,7 +175,7 @@ def _cut(text: object, limit: int) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def _crash(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
+def _crash(f: Callable[..., Any], who: str, host: str) -> str:
     at = _fraction(f("mem_fraction_static"))
     line = f("unrecognised")
     if f("killed"):
@@ -214,23 +196,23 @@ def _crash(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
     return sentence + f" in {_seconds(f('next_retry_s'))}"
 
 
-def _restart(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
+def _restart(f: Callable[..., Any], who: str, host: str) -> str:
     return (f"{who} restarting at {_fraction(f('mem_fraction_static'))} in {_seconds(f('delay_s'))} "
             f"(attempt {f('attempt')}) after {_died_of(f('cause'), None)}")
 
 
-def _recovered(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
+def _recovered(f: Callable[..., Any], who: str, host: str) -> str:
     return (f"{who} is serving again at {_fraction(f('mem_fraction_static'))} after "
             f"{_died_of(f('cause'), None)} (attempt {f('attempt')}, startup took {_seconds(f('startup_s'))})")
 
 
-def _gave_up(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
-    crashes = f("crashes") or f("consecutive_failures") or context.crashes
+def _gave_up(f: Callable[..., Any], who: str, host: str) -> str:
+    crashes = f("crashes") or f("consecutive_failures")
     after = f" after {crashes} crash{'es' if crashes != 1 else ''}" if crashes else ""
     return f"{who} gave up{after}: {f('reason') or _cause_words(f('cause'))}; needs a human"
 
 
-def _headroom_low(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
+def _headroom_low(f: Callable[..., Any], who: str, host: str) -> str:
     sentence = (f"{who} has only {_gb(f('avail_mem_gb'))} of GPU headroom on {f('rank') or 'a rank'} "
                 f"at {_fraction(f('mem_fraction_static'))} (wants {_gb(f('threshold_gb'))}); ")
     if f("action") == "step_down":
@@ -238,7 +220,7 @@ def _headroom_low(f: Callable[..., Any], who: str, host: str, context: Context) 
     return sentence + "lower --mem-fraction-static before the next burst OOMs it"
 
 
-def _gpu_memory_stuck(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
+def _gpu_memory_stuck(f: Callable[..., Any], who: str, host: str) -> str:
     gpus = ", ".join(
         f"GPU {g.get('index')}: {_gb((g.get('free_bytes') or 0) / 1e9)} of {_gb((g.get('total_bytes') or 0) / 1e9)} free"
         for g in (f("gpus") or []) if isinstance(g, Mapping)
@@ -247,30 +229,30 @@ def _gpu_memory_stuck(f: Callable[..., Any], who: str, host: str, context: Conte
             f"stopped ({gpus or 'no details'}); kill what holds it or reset the GPU")
 
 
-def _down(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
+def _down(f: Callable[..., Any], who: str, host: str) -> str:
     part = f("title") if f("title") not in (None, "main") else "its main process"
     return (f"{who} is down: {part} (pid {f('pid')}) died while {f('phase') or 'running'}; "
             "reading its log, the cause and the restart follow")
 
 
-def _port_in_use(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
+def _port_in_use(f: Callable[..., Any], who: str, host: str) -> str:
     holders = ", ".join(f"pid {h.get('pid')} {h.get('name') or '?'}" for h in (f("holders") or [])
                         if isinstance(h, Mapping))
     return (f"{who} cannot start: port {f('port')} is held by a process it did not start "
             f"({holders or 'unknown'}); it is left alone, retrying - stop it or change the port")
 
 
-def _daemon_failed(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
+def _daemon_failed(f: Callable[..., Any], who: str, host: str) -> str:
     return (f"the supervisor of {who} failed ({f('task')}: {f('error')}); it stopped "
             "its server and exits for systemd to restart it")
 
 
-def _etcd_unreachable(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
+def _etcd_unreachable(f: Callable[..., Any], who: str, host: str) -> str:
     return (f"{who} cannot reach etcd ({f('error')}); its server keeps running, but no group "
             "generation starts and nothing is relaunched until etcd answers - check the etcd cluster")
 
 
-def _daily_summary(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
+def _daily_summary(f: Callable[..., Any], who: str, host: str) -> str:
     crashes = f("crashes") or 0
     causes = f" ({', '.join(f('causes') or [])})" if crashes else ""
     before, after = f("mem_fraction_static"), f("next_mem_fraction_static")
@@ -286,7 +268,7 @@ def _daily_summary(f: Callable[..., Any], who: str, host: str, context: Context)
     return sentence + (f"; open: {', '.join(problems)} - see the report" if problems else "; nothing to do")
 
 
-def _drill(f: Callable[..., Any], who: str, host: str, context: Context) -> str:
+def _drill(f: Callable[..., Any], who: str, host: str) -> str:
     return f"Drill from {who}: the alert path works; no action needed"
 
 
@@ -307,27 +289,22 @@ WORDING: dict[str, Wording] = {
 }
 
 
-def describe(kind: str, fields: Mapping[str, Any], *, host: str, instance: str, context: Context) -> str:
-    """One sentence a person woken at 3 a.m. can act on."""
+def describe(kind: str, fields: Mapping[str, Any], *, host: str, instance: str) -> str:
+    """One sentence a person woken at 3 a.m. can act on, from the event's own fields."""
     who = f"sglang {instance} on {host}"
     wording = WORDING.get(kind)
-    return wording(fields.get, who, host, context) if wording else f"{who}: {kind}"
+    return wording(fields.get, who, host) if wording else f"{who}: {kind}"
 
 
-def _before_after(kind: str, fields: Mapping[str, Any], context: Context) -> tuple[object, object]:
+def _before_after(kind: str, fields: Mapping[str, Any]) -> tuple[object, object]:
+    """The fraction before and after, as the event carries them."""
     f = fields.get
-    if kind in ("crash", "headroom_low"):
+    if kind in ("crash", "headroom_low", "daily_summary"):
         return f("mem_fraction_static"), f("next_mem_fraction_static")
-    if kind == "restart":
-        return context.fraction, f("mem_fraction_static")
-    if kind == "recovered":
-        return context.crash_fraction, f("mem_fraction_static")
-    if kind == "gave_up":
-        return f("mem_fraction_static", context.fraction), None
-    if kind == "gpu_memory_stuck":
-        return context.fraction, None
-    if kind == "daily_summary":
-        return f("mem_fraction_static"), f("next_mem_fraction_static")
+    if kind in ("restart", "recovered"):
+        return f("mem_fraction_before"), f("mem_fraction_static")
+    if kind in ("gave_up", "gpu_memory_stuck"):
+        return f("mem_fraction_static"), None
     return None, None
 
 
@@ -375,13 +352,12 @@ def build_alert(
     ts: datetime,
     alert_id: str,
     evidence_max_chars: int,
-    context: Context,
 ) -> AlertPayload | None:
     """The JSON payload for an alert event, or None when ``event`` is not an alert."""
     kind = DRILL if event == DRILL else ALERT_KINDS.get(event)
     if kind is None:
         return None
-    before, after = _before_after(kind, fields, context)
+    before, after = _before_after(kind, fields)
     evidence = fields.get("evidence")
     unrecognised = fields.get("unrecognised")
     if evidence is None and kind == "gpu_memory_stuck":
@@ -401,7 +377,7 @@ def build_alert(
         "attempt": fields.get("attempt"),
         "next_retry_s": fields.get("delay_s") if kind == "restart" else fields.get("next_retry_s"),
         "message": truncate_evidence(
-            describe(kind, fields, host=host, instance=instance, context=context), MESSAGE_MAX_CHARS
+            describe(kind, fields, host=host, instance=instance), MESSAGE_MAX_CHARS
         ),
         # a crash's line it could not name (normalised), for a person to teach it ([[diagnosis.rule]])
         "unrecognised": truncate_evidence(unrecognised, evidence_max_chars) if unrecognised else None,
@@ -586,7 +562,6 @@ class MqttAlerter:
         self._outbox: deque[Outgoing] = deque(maxlen=cfg.outbox_size)
         self._state_msg: Outgoing | None = None  # only the latest snapshot matters
         self._inflight: Outgoing | None = None
-        self._context = Context()
         self._wake = asyncio.Event()
         self._closing = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -632,12 +607,11 @@ class MqttAlerter:
             alert_id = str(uuid.uuid4())
             payload = build_alert(
                 event, fields, host=self._host, instance=self._instance, ts=now, alert_id=alert_id,
-                evidence_max_chars=self._cfg.evidence_max_chars, context=self._context,
+                evidence_max_chars=self._cfg.evidence_max_chars,
             )
             if payload is not None:
                 kind = payload["kind"]
                 self._enqueue(Outgoing(self.topics.event(kind), _dumps(payload), self._cfg.qos, False, kind, alert_id))
-        self._context.observe(event, fields)
 
     def _enqueue(self, msg: Outgoing) -> None:
         if len(self._outbox) == self._outbox.maxlen:
@@ -824,7 +798,7 @@ async def drill(
     topic = Topics.of(cfg.topic_prefix, host, instance).event(DRILL)
     alert_id = str(uuid.uuid4())
     payload = build_alert(DRILL, {}, host=host, instance=instance, ts=clock(), alert_id=alert_id,
-                          evidence_max_chars=cfg.evidence_max_chars, context=Context())
+                          evidence_max_chars=cfg.evidence_max_chars)
     assert payload is not None
     try:
         await _publish_once(cfg, f"{client_id(cfg, host, instance)}-drill-{alert_id[:8]}", topic, _dumps(payload),
