@@ -425,10 +425,17 @@ class ServerUnit:
             self._facts = None
         self.post(ServerExited(status, diagnosis))
 
+    def _new_prober(self) -> Prober:
+        """``/health`` of our server; a group node >= 1's is the group's (``HeadProber``)."""
+        if self._group is not None and self.cfg.group.node_rank > 0:
+            return self._group.head_prober(alive=lambda: self.server is not None,
+                                           ready=lambda: self.core is not None and self.core.state is State.READY)
+        s = self.cfg.server
+        return self.p.prober(http_url(s.host, s.port, self.cfg.health.path), self.cfg.health.timeout_s)
+
     async def _probe(self) -> None:
         if self._prober is None:
-            s = self.cfg.server
-            self._prober = self.p.prober(http_url(s.host, s.port, self.cfg.health.path), self.cfg.health.timeout_s)
+            self._prober = self._new_prober()
         server = self.server
         if server is not None:
             known = len(server.tree_pids())
@@ -436,20 +443,10 @@ class ServerUnit:
             server.watch_parts(parts)
             if len(server.tree_pids()) != known:
                 self._persist()  # the tree's pids and create times prove them ours after a daemon crash
-        if self._group is not None and self.cfg.group.node_rank > 0:
-            # A node >= 1 serves a dummy /health that always answers 200: it is READY once
-            # node 0 (the real /health) is READY in our generation. Then only its process
-            # counts: node 0 leaving READY is node 0's to report (a hang of ours hangs node
-            # 0's /health), never a hang of this node's.
-            ready = self.core is not None and self.core.state is State.READY
-            ok = server is not None and (ready or self._group.head_ready())
-            detail = "" if ok else "node 0 is not READY in this generation (read in etcd)"
-            self.emit(ev.ProbeAnswered(ok=ok, duration_s=0.0, status=None, error=None if ok else detail))
-            self.post(ProbeResult(ok, detail))
-            return
         outcome = await self._prober.probe()
         ok, detail = outcome.ok, outcome.detail
-        if ok and server is not None and self.core is not None and self.core.state is State.STARTING:
+        if (ok and outcome.status is not None and server is not None and self.core is not None
+                and self.core.state is State.STARTING):
             # Readiness counts only when the listener on our port is our server's: a server
             # that fails to bind still sees its warm-up answered by whoever holds the port.
             ok, detail = await asyncio.to_thread(self._port_is_ours, server)

@@ -32,7 +32,7 @@ import random
 from collections.abc import Callable
 from dataclasses import replace
 
-from supervisor.adapters.ports import Etcd, EtcdError, KeyValue, Lease, WatchEvent
+from supervisor.adapters.ports import Etcd, EtcdError, KeyValue, Lease, ProbeOutcome, WatchEvent
 from supervisor.aio import cancel_and_wait, within
 from supervisor.core import events as ev
 from supervisor.core.backoff import exponential_backoff
@@ -111,6 +111,11 @@ class GroupSync:
         head = self.view.nodes.get(0)
         self._head_ready = head is not None and head.state == str(State.READY) and head.generation == self._mine.generation
         return self._head_ready
+
+    def head_prober(self, *, alive: Callable[[], bool], ready: Callable[[], bool]) -> HeadProber:
+        """The prober of a node >= 1 (``HeadProber``): ``alive``, our server runs;
+        ``ready``, our core is READY."""
+        return HeadProber(self, alive, ready)
 
     async def aclose(self) -> None:
         """The daemon is leaving: give up our lease now (our node key and our candidacy go
@@ -286,6 +291,26 @@ class GroupSync:
                 await within(self._changed.wait(), wait)
 
 
+class HeadProber:
+    """A node >= 1's health (the ``Prober`` port): SGLang serves a dummy ``/health`` there that
+    always answers 200, so the node is READY once node 0 (the real ``/health``) is READY in
+    our generation, as read in etcd. From then on only its own process counts: node 0 leaving
+    READY is node 0's to report (a hang of ours hangs node 0's ``/health``), never a hang of
+    this node's."""
+
+    def __init__(self, sync: GroupSync, alive: Callable[[], bool], ready: Callable[[], bool]) -> None:
+        self._sync = sync
+        self._alive = alive
+        self._ready = ready
+
+    async def probe(self) -> ProbeOutcome:
+        ok = self._alive() and (self._ready() or self._sync.head_ready())
+        return ProbeOutcome(ok, None, 0.0, "" if ok else "node 0 is not READY in this generation (read in etcd)")
+
+    async def aclose(self) -> None:
+        return None
+
+
 def node_config_hash(cfg: Config) -> str:
     """What this node's config says about the group (``core.group.config_hash``)."""
     flags = parse_flags(cfg.server.extra_args)
@@ -295,4 +320,4 @@ def node_config_hash(cfg: Config) -> str:
                        cfg.group.nnodes, cfg.group.dist_init_addr)
 
 
-__all__ = ["GroupSync", "node_config_hash"]
+__all__ = ["GroupSync", "HeadProber", "node_config_hash"]
