@@ -46,6 +46,7 @@ from supervisor.aio import cancel_and_wait, settled, where, within
 from supervisor.core import events as ev
 from supervisor.core import machine
 from supervisor.core.config import Config, ConfigError, alert_instance, server_configs, unit_name
+from supervisor.core.group import restart_refusal
 from supervisor.core.messages import Boot
 from supervisor.services.rolling import PassEnd, roll
 from supervisor.unit import ServerUnit, wall_now
@@ -279,9 +280,9 @@ class Daemon:
 
     def request_restart(self, reason: str, server: str | None = None) -> dict[str, Any]:
         """A planned restart of one server, or of all of them one at a time (rolling)."""
-        if self.cfg.group.enabled:
-            return {"ok": False, "error": (f"node {self.cfg.group.node_rank} of group {self.cfg.group.name!r} cannot "
-                                           "restart alone: the group relaunches as one (docs/group.md)")}
+        refused = restart_refusal(self.cfg)
+        if refused is not None:
+            return {"ok": False, "error": refused}
         if self._rolling is not None and not self._rolling.done():
             return {"ok": False, "error": "a rolling restart is already in progress"}
         units = self.units if server is None else [u for u in self.units if u.name == server]

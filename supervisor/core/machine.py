@@ -493,7 +493,7 @@ def _group_step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]
                          GroupReport(core.generation, diagnosis, status.describe())]
 
         case RestartRequested():
-            return core, []  # a node alone cannot restart a group (docs/group.md)
+            return core, []  # group.restart_refusal: a node alone cannot restart a group
 
         case TimerFired(name=Timer.BACKOFF):
             return core, []  # the leader waits out the group's backoff, not the node
