@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from supervisor.core import events as ev
 from supervisor.core.model import Cause, Phase, Remedy, State
 from supervisor.sinks.journal import JOURNAL, JournalSink, journal_paths, read_journal
@@ -79,3 +81,21 @@ def test_an_emit_costs_microseconds(tmp_path):
         sink.emit(event)
     per_emit = (time.perf_counter() - start) / 500
     assert per_emit < 1e-3, per_emit
+
+
+def test_one_rfc3339_writer_for_a_unix_time_and_a_datetime_of_any_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chaos matrix's jumping clock replaces ``datetime.datetime`` with a subclass whose
+    ``now()`` returns the base class: a writer that told the two apart by ``isinstance`` of
+    its own ``datetime`` took a datetime for a Unix time and the daemon died at its first step."""
+    import datetime as dt
+
+    from supervisor.core import model
+
+    when = dt.datetime(2026, 10, 4, 3, 12, 9, 123000, tzinfo=dt.UTC)
+
+    class Shifted(dt.datetime):
+        pass
+
+    monkeypatch.setattr(model, "datetime", Shifted)
+    assert {model.rfc3339(when), model.rfc3339(when.timestamp()), model.rfc3339(Shifted.fromtimestamp(when.timestamp(), dt.UTC))} == {
+        "2026-10-04T03:12:09.123Z"}

@@ -14,7 +14,9 @@ from datetime import UTC, datetime
 def rfc3339(when: datetime | float) -> str:
     """``2026-10-04T03:12:09.123Z``: RFC 3339 in UTC with a Z, from a datetime or a Unix time
     (the one way the daemon writes a wall-clock time: journal, alerts, state, launch lines)."""
-    ts = when if isinstance(when, datetime) else datetime.fromtimestamp(when, UTC)
+    # A number is a Unix time; anything else is a datetime (of whatever class: a clock shifted
+    # in a test, or by a library, makes its own subclass of it).
+    ts = datetime.fromtimestamp(when, UTC) if isinstance(when, int | float) else when
     return ts.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 

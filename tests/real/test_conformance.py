@@ -11,9 +11,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.real import nights
 
 
+# Its budget holds the real night (the session's ``night`` fixture: five real launches, about
+# 45 s each on this 2-core host) as well as the simulator's night.
+@pytest.mark.timeout(900)
 def test_the_simulator_does_what_the_real_server_does(night: nights.Night, real_sglang, tmp_path: Path,
                                                        no_leftovers) -> None:
     sim = nights.drive(nights.sim_config(tmp_path, real_sglang), ready_timeout=60.0)
