@@ -42,7 +42,7 @@ from supervisor.adapters.ports import (
     Store,
     StoreError,
 )
-from supervisor.aio import cancel_and_wait, settled, where, within
+from supervisor.aio import cancel_and_wait, where, within
 from supervisor.core import events as ev
 from supervisor.core import machine
 from supervisor.core.config import Config, ConfigError, alert_instance, server_configs, unit_name
@@ -99,6 +99,15 @@ SHUTDOWN_MARGIN_S = 15.0
 # deadline at all is ended by faulthandler (every thread's stack, exit 1) this much later.
 OFFLINE_WAIT_S = 3.0
 BLOCKED_LOOP_GRACE_S = 10.0
+
+
+async def _until_done(queue: asyncio.Queue[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    """A rolling pass's lines, as queued, through its last (``done``)."""
+    while True:
+        line = await queue.get()
+        yield line
+        if line.get("done"):
+            return
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,35 +317,24 @@ class Daemon:
             reason = str(request.get("reason") or "requested over the control socket")[:200]
             answer = self.request_restart(reason, server if isinstance(server, str) else None)
             if request.get("wait") is True and answer.get("ok") and self._rolling is not None:
-                # `restart` returns when the pass is done, not when a state file says READY
+                # `restart` returns when the pass is done, not when a state file says READY:
+                # ``deliver`` queues the pass's steps, the pass's end queues the last line
                 queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
                 self._followers.add(queue)
                 names = [str(s["name"]) for s in answer["servers"]]
-                return ControlReply(answer, self._follow_pass(self._rolling, queue, names),
-                                    lambda: self._followers.discard(queue))
+                self._rolling.add_done_callback(lambda task: queue.put_nowait(self._pass_ended(task, names)))
+                return ControlReply(answer, _until_done(queue), lambda: self._followers.discard(queue))
             return answer
         return {"ok": False, "error": f"unknown command {str(request.get('cmd'))[:40]!r}"}
 
-    async def _follow_pass(self, task: asyncio.Task[PassEnd], queue: asyncio.Queue[dict[str, Any]],
-                           names: Sequence[str]) -> AsyncIterator[dict[str, Any]]:
-        """The pass's steps as they happen (``deliver`` queues them), then how it ended."""
-        while not task.done() or not queue.empty():
-            if queue.empty():
-                getter = asyncio.ensure_future(queue.get())
-                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-                await cancel_and_wait([getter])
-                if getter.cancelled():
-                    continue
-                yield getter.result()
-            else:
-                yield queue.get_nowait()
-        end = await settled(task)
+    def _pass_ended(self, task: asyncio.Task[PassEnd], names: Sequence[str]) -> dict[str, Any]:
+        """The last line for a ``restart`` that waits: how the pass ended, each server's state."""
         servers = [{"name": u.name, "state": str(u.core.state) if u.core else None,
                     "attempt": u.core.attempt if u.core else None} for u in self.units if u.name in names]
-        if end is None:
-            yield {"done": True, "ok": False, "detail": "the daemon is stopping: the pass ended there", "servers": servers}
-        else:
-            yield {"done": True, "ok": end.ok, "detail": end.detail, "servers": servers}
+        if task.cancelled() or task.exception() is not None:
+            return {"done": True, "ok": False, "detail": "the daemon is stopping: the pass ended there", "servers": servers}
+        end = task.result()
+        return {"done": True, "ok": end.ok, "detail": end.detail, "servers": servers}
 
     def _reload(self) -> None:
         if self.p.reload is None:
