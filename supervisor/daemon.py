@@ -216,9 +216,14 @@ class Daemon:
         """Queue an event for ``unit``'s core (safe from callbacks and signal handlers)."""
         self._queue.put_nowait((unit, event))
 
-    def deliver(self, event: ev.Event, sinks: Sequence[ev.EventSink]) -> None:
-        """Hand a stamped event to the daemon's sinks, then to ``sinks`` (a server's own);
-        a rolling pass's steps also to the ``restart`` commands that wait for it."""
+    def emit(self, event: ev.Event, sinks: Sequence[ev.EventSink] | None = None) -> None:
+        """Out to the sinks: a server's event (stamped by its unit) to the daemon's sinks and
+        ``sinks``, the server's own; a daemon-wide one (``sinks`` None), stamped with host
+        and instance here, to every sink of every server. A rolling pass's steps also go to
+        the ``restart`` commands that wait for it."""
+        if sinks is None:
+            event = replace(event, host=self.p.host, instance=self.instance)
+            sinks = [sink for name in self.p.server_sinks for sink in self.p.server_sinks[name]]
         for sink in (*self.p.sinks, *sinks):
             try:
                 sink.emit(event)
@@ -233,11 +238,6 @@ class Daemon:
                 return
             for queue in self._followers:
                 queue.put_nowait(line)
-
-    def emit(self, event: ev.Event) -> None:
-        """A daemon-wide event: stamped with host and instance, to every sink of every server."""
-        event = replace(event, host=self.p.host, instance=self.instance)
-        self.deliver(event, [sink for name in self.p.server_sinks for sink in self.p.server_sinks[name]])
 
     def notify_status(self) -> None:
         self.p.notifier.status(" | ".join(u.status_text() for u in self.units))
@@ -318,7 +318,7 @@ class Daemon:
             answer = self.request_restart(reason, server if isinstance(server, str) else None)
             if request.get("wait") is True and answer.get("ok") and self._rolling is not None:
                 # `restart` returns when the pass is done, not when a state file says READY:
-                # ``deliver`` queues the pass's steps, the pass's end queues the last line
+                # ``emit`` queues the pass's steps, the pass's end queues the last line
                 queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
                 self._followers.add(queue)
                 names = [str(s["name"]) for s in answer["servers"]]
@@ -364,7 +364,7 @@ class Daemon:
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         """A task that ends with an error ends the daemon (like a ``TaskGroup``): the core
-        may be waiting for the event it would have posted (``ServerExited`` from ``watch``)
+        may be waiting for the event it would have posted (``Diagnosed`` from a diagnosis)
         and would otherwise wait forever. A cancelled task (a stale probe, shutdown) is not
         a failure."""
         self._tasks.discard(task)

@@ -369,12 +369,12 @@ def test_the_restart_alert_of_a_real_event_order_names_the_fraction_that_crashed
     from the events it had seen said 0.88 -> 0.88. The events carry it now."""
     from test_machine import Night, oom_runtime
 
-    from supervisor.core.machine import Emit, Launched, Prepared, ProbeResult, ServerExited, Timer, TimerFired
+    from supervisor.core.machine import Diagnosed, Emit, Launched, Prepared, ProbeResult, Timer, TimerFired
     from supervisor.core.model import ExitStatus
 
     night = Night()
     actions = [*night.starting(), *night.send(ProbeResult(ok=True), after=60)]
-    actions += night.send(ServerExited(ExitStatus(signal=9), oom_runtime()))
+    actions += night.send(Diagnosed(ExitStatus(signal=9), oom_runtime()))
     actions += [*night.send(TimerFired(Timer.BACKOFF), after=100), *night.send(Prepared()), *night.send(Launched(4242)),
                 *night.send(ProbeResult(ok=True), after=30)]
     alerts = {a["kind"]: a for a in (build_alert(e.event.kind, e.event.fields(), host=HOST, instance=INSTANCE, ts=TS,

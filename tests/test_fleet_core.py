@@ -23,6 +23,8 @@ from supervisor.core.machine import (
     Boot,
     Core,
     Ctx,
+    Diagnosed,
+    Died,
     Emit,
     FleetAdvice,
     FleetShare,
@@ -31,8 +33,6 @@ from supervisor.core.machine import (
     Learned,
     Persist,
     Prepared,
-    ServerDied,
-    ServerExited,
     step,
 )
 from supervisor.core.model import Cause, Diagnosis, ExitStatus, Phase, State
@@ -69,9 +69,9 @@ def emitted(actions: list[Any], cls: type) -> list[Any]:
 
 def oom_crash(core: Core, cfg: Config) -> tuple[Core, list[Any]]:
     """The launched server dies of a runtime CUDA OOM while serving."""
-    core, _ = step(core, ServerDied(ExitStatus(code=None, signal=9)), ctx(cfg, NOW + 5))
+    core, _ = step(core, Died(ExitStatus(code=None, signal=9)), ctx(cfg, NOW + 5))
     diagnosis = Diagnosis(cause=Cause.CUDA_OOM_RUNTIME, phase=Phase.SERVING, evidence=("torch.OutOfMemoryError",))
-    return step(core, ServerExited(ExitStatus(code=None, signal=9), diagnosis), ctx(cfg, NOW + 6))
+    return step(core, Diagnosed(ExitStatus(code=None, signal=9), diagnosis), ctx(cfg, NOW + 6))
 
 
 # --- applying the fleet's rung ------------------------------------------------------------------
@@ -154,9 +154,9 @@ def test_the_fleets_ooms_are_a_ceiling_for_the_ladder() -> None:
     cfg = make_cfg()
     core, _ = step(preparing(cfg), FleetAdvice(KEY, 0.88, (0.93,), "h/s (c)", "T"), ctx(cfg))
     core, _ = step(core, Prepared(), ctx(cfg))
-    core, _ = step(core, ServerDied(ExitStatus(code=1)), ctx(cfg, NOW + 1))
+    core, _ = step(core, Died(ExitStatus(code=1)), ctx(cfg, NOW + 1))
     kv = Diagnosis(cause=Cause.KV_POOL_TOO_SMALL, phase=Phase.STARTING, evidence=("Not enough memory",))
-    core, _ = step(core, ServerExited(ExitStatus(code=1), kv), ctx(cfg, NOW + 2))
+    core, _ = step(core, Diagnosed(ExitStatus(code=1), kv), ctx(cfg, NOW + 2))
     assert core.learned.fraction != 0.93
 
 

@@ -28,6 +28,7 @@ from supervisor.core.machine import (
     Boot,
     Core,
     Ctx,
+    Diagnosed,
     Emit,
     GroupEnded,
     GroupGaveUp,
@@ -41,7 +42,6 @@ from supervisor.core.machine import (
     Prepared,
     ProbeResult,
     RestartRequested,
-    ServerExited,
     SetTimer,
     StopServer,
     Timer,
@@ -231,7 +231,7 @@ def test_a_node_whose_server_dies_reports_and_waits_never_relaunching_alone() ->
     node.send(Launched(4242))
     node.send(ProbeResult(True))
     assert node.core.state is State.READY
-    died = ServerExited(ExitStatus(signal=9), Diagnosis(Cause.CUDA_OOM_RUNTIME, Phase.SERVING, evidence=("CUDA out of memory",)))
+    died = Diagnosed(ExitStatus(signal=9), Diagnosis(Cause.CUDA_OOM_RUNTIME, Phase.SERVING, evidence=("CUDA out of memory",)))
     actions = node.send(died)
     assert node.core.state is State.WAITING
     (rep,) = [a for a in actions if isinstance(a, GroupReport)]
@@ -251,7 +251,7 @@ def test_the_generations_end_drains_a_serving_node_and_reports_it_as_an_echo() -
     assert node.send(GroupEnded(2, "old")) == []  # another generation's end is not ours
     actions = node.send(GroupEnded(3, "node 0: cuda_oom_runtime"))
     assert node.core.state is State.RESTARTING and any(isinstance(a, StopServer) for a in actions)
-    actions = node.send(ServerExited(ExitStatus(code=0), Diagnosis(Cause.OTHER, Phase.SERVING)))
+    actions = node.send(Diagnosed(ExitStatus(code=0), Diagnosis(Cause.OTHER, Phase.SERVING)))
     assert node.core.state is State.WAITING
     (rep,) = [a for a in actions if isinstance(a, GroupReport)]
     assert rank_of(rep.diagnosis) is Rank.ECHO and rep.generation == 3

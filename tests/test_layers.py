@@ -47,7 +47,7 @@ VIOLATIONS = [
     ("services/grouping.py", "import supervisor.adapters.etcd", "fleet memory and groups reach etcd and the version probe through ports"),
     ("sinks/logs.py", "import supervisor.sinks.metrics", "sinks are independent of each other"),
     ("services/rolling.py", "import supervisor.services.routing", "services are independent of each other"),
-    ("unit.py", "import supervisor.core.policy", "the shell decides nothing"),
+    ("unit/life.py", "import supervisor.core.policy", "the shell decides nothing"),
     ("services/routing.py", "from supervisor.core.policy import decide", "the shell decides nothing"),
     ("cli/run.py", "import supervisor.sim.simgpu", "the CLI reaches the simulator only through cli.registry"),
     ("sim/demo.py", "import supervisor.daemon", "the simulator never imports the daemon"),

@@ -23,16 +23,19 @@ from supervisor.core.machine import (
     ConfigChanged,
     Core,
     Ctx,
+    Diagnose,
+    Diagnosed,
+    Died,
     Emit,
     Event,
     Exit,
     FactsUpdated,
+    Finding,
     GpuLost,
     Launch,
     Launched,
     LaunchFailed,
     Learned,
-    PartDied,
     Persist,
     Prepare,
     Prepared,
@@ -42,8 +45,6 @@ from supervisor.core.machine import (
     RestartRequested,
     RouterAdd,
     RouterRemove,
-    ServerDied,
-    ServerExited,
     SetTimer,
     StopMode,
     StopRequested,
@@ -93,9 +94,9 @@ def oom_runtime() -> Diagnosis:
 
 
 def crash(cause: Cause = Cause.OTHER, *, phase: Phase = Phase.STARTING,
-          override: Remedy | None = None, status: ExitStatus | None = None) -> ServerExited:
+          override: Remedy | None = None, status: ExitStatus | None = None) -> Diagnosed:
     """A server exit with the given diagnosis (SIGKILL by default, as SGLang dies)."""
-    return ServerExited(
+    return Diagnosed(
         status or ExitStatus(signal=SIGKILL),
         Diagnosis(cause=cause, phase=phase, evidence=(f"{cause} here",), remedy_override=override),
     )
@@ -140,7 +141,7 @@ class Night:
         self.starting()
         return self.send(ProbeResult(ok=True), after=after)
 
-    def backoff(self, event: ServerExited | None = None) -> list[Action]:
+    def backoff(self, event: Diagnosed | None = None) -> list[Action]:
         self.ready()
         return self.send(event or crash(Cause.OTHER, phase=Phase.SERVING))
 
@@ -225,27 +226,44 @@ def test_preparing_to_gave_up_on_permanent_prepare_failure() -> None:
     """A permanent preflight failure gives up at once, naming the cause."""
     night = Night()
     night.send(Boot())
-    actions = night.send(PrepareFailed(Cause.PREFLIGHT_FAILED, "model path missing", permanent=True))
+    actions = night.send(PrepareFailed(Finding.PREFLIGHT, "driver: too old", permanent=True, checks=("driver",)))
     assert night.state is State.GAVE_UP
     gave_up = emitted(actions, "gave_up")
     assert gave_up["cause"] == "preflight_failed"
-    assert "model path missing" in gave_up["reason"]
+    assert "driver: too old" in gave_up["reason"]
     assert not of(actions, SetTimer)
+
+
+def test_a_missing_model_found_by_preflight_is_the_model_load_error_sglang_would_report() -> None:
+    """The core names a preparation's cause: a failed ``model_path`` check is the finding
+    SGLang itself would make a minute later."""
+    night = Night()
+    night.send(Boot())
+    actions = night.send(PrepareFailed(Finding.PREFLIGHT, "model_path: /m missing", permanent=True,
+                                       checks=("model_path",)))
+    assert night.state is State.GAVE_UP and emitted(actions, "gave_up")["cause"] == "model_load_error"
+
+
+def test_a_port_held_by_another_process_is_retried_as_port_in_use() -> None:
+    night = Night(make_cfg(policy={"backoff_jitter": 0.0}))
+    night.send(Boot())
+    actions = night.send(PrepareFailed(Finding.PORT_HELD, "port 30000 is held by pid 7 python, not ours"))
+    assert night.state is State.BACKOFF and emitted(actions, "preflight_retry")["cause"] == "port_in_use"
 
 
 def test_preparing_to_gave_up_when_prepare_cause_cannot_be_fixed() -> None:
     """GPU memory that never freed needs a GPU reset: no retry even if not marked permanent."""
     night = Night()
     night.send(Boot())
-    night.send(PrepareFailed(Cause.GPU_MEMORY_STUCK, "GPU 3: 96 GB still used"))
-    assert night.state is State.GAVE_UP
+    actions = night.send(PrepareFailed(Finding.GPU_STUCK, "GPU 3: 96 GB still used"))
+    assert night.state is State.GAVE_UP and emitted(actions, "gave_up")["cause"] == "gpu_memory_stuck"
 
 
 def test_preparing_to_backoff_on_retryable_prepare_failure() -> None:
     """A transient preflight failure retries after the backoff delay, without a crash alert."""
     night = Night(make_cfg(policy={"backoff_jitter": 0.0}))
     night.send(Boot())
-    actions = night.send(PrepareFailed(Cause.PREFLIGHT_FAILED, "port 30000 in use"))
+    actions = night.send(PrepareFailed(Finding.PREFLIGHT, "disk: 1 GB free", checks=("disk",)))
     assert night.state is State.BACKOFF
     assert timers(actions) == {Timer.BACKOFF: 10.0}
     assert emitted(actions, "preflight_retry")["delay_s"] == 10.0
@@ -323,7 +341,7 @@ def test_ready_at_zero_still_counts_as_serving() -> None:
 def test_ready_after_a_crash_emits_recovered() -> None:
     """The first READY after a crash reports which cause it recovered from."""
     night = Night()
-    night.backoff(ServerExited(ExitStatus(signal=SIGKILL), oom_runtime()))
+    night.backoff(Diagnosed(ExitStatus(signal=SIGKILL), oom_runtime()))
     night.relaunch()
     actions = night.send(ProbeResult(ok=True), after=60.0)
     recovered = emitted(actions, "recovered")
@@ -334,7 +352,7 @@ def test_ready_after_a_crash_emits_recovered() -> None:
 def test_causes_stay_typed_inside_and_become_strings_in_events() -> None:
     """The core and its history keep Cause/Remedy/Phase; emitted fields carry their values."""
     night = Night()
-    actions = night.backoff(ServerExited(ExitStatus(signal=SIGKILL), oom_runtime()))
+    actions = night.backoff(Diagnosed(ExitStatus(signal=SIGKILL), oom_runtime()))
     record = night.core.learned.history[-1]
     assert (record.cause, record.remedy, record.phase) == (Cause.CUDA_OOM_RUNTIME, Remedy.FRACTION_DOWN, Phase.SERVING)
     assert (type(record.cause), type(record.remedy), type(record.phase)) == (Cause, Remedy, Phase)
@@ -438,7 +456,7 @@ def test_starting_to_backoff_on_startup_oom_steps_down() -> None:
 def test_ready_to_backoff_on_runtime_oom() -> None:
     """A runtime CUDA OOM schedules a restart one rung down and remembers the fraction OOMed."""
     night = Night()
-    actions = night.backoff(ServerExited(ExitStatus(signal=SIGKILL), oom_runtime()))
+    actions = night.backoff(Diagnosed(ExitStatus(signal=SIGKILL), oom_runtime()))
     assert night.state is State.BACKOFF
     assert night.core.learned.fraction == 0.88
     assert night.core.learned.oom_fractions == frozenset({0.93})
@@ -474,7 +492,7 @@ def test_ready_to_gave_up_when_a_restart_cannot_fix_it(cause: Cause, override: R
 def test_ready_to_gave_up_below_the_ladder_floor() -> None:
     """A runtime OOM at the floor rung gives up rather than going below it."""
     night = Night(make_cfg(server={"mem_fraction_static": 0.80}))
-    actions = night.backoff(ServerExited(ExitStatus(signal=SIGKILL), oom_runtime()))
+    actions = night.backoff(Diagnosed(ExitStatus(signal=SIGKILL), oom_runtime()))
     assert night.state is State.GAVE_UP
     assert "floor" in emitted(actions, "gave_up")["reason"]
 
@@ -529,7 +547,7 @@ def test_kv_pool_too_small_raises_one_rung_up_to_the_top() -> None:
 def test_kv_pool_too_small_never_raises_to_a_fraction_that_oomed() -> None:
     """After a runtime OOM at 0.93 and a step to 0.88, a KV-pool failure gives up, not 0.93."""
     night = Night()
-    night.backoff(ServerExited(ExitStatus(signal=SIGKILL), oom_runtime()))
+    night.backoff(Diagnosed(ExitStatus(signal=SIGKILL), oom_runtime()))
     night.relaunch()
     night.send(crash(Cause.KV_POOL_TOO_SMALL))
     assert night.state is State.GAVE_UP
@@ -582,7 +600,7 @@ def test_ready_to_exited_when_the_server_dies() -> None:
     """The exit is noticed as a state change at once, before the crash log is read."""
     night = Night()
     night.ready()
-    actions = night.send(ServerDied(ExitStatus(signal=9)))
+    actions = night.send(Died(ExitStatus(signal=9)))
     assert night.state is State.EXITED
     assert {a.name for a in of(actions, CancelTimer)} == {Timer.PROBE, Timer.STARTUP, Timer.SILENCE, Timer.STABLE}
     assert emitted(actions, "state_changed")["reason"] == "server killed by SIGKILL"
@@ -592,7 +610,7 @@ def test_exited_to_backoff_when_the_diagnosis_arrives() -> None:
     """EXITED -> BACKOFF with the diagnosis' remedy: a runtime OOM steps down to 0.88."""
     night = Night()
     night.ready()
-    night.send(ServerDied(ExitStatus(signal=9)))
+    night.send(Died(ExitStatus(signal=9)))
     actions = night.send(crash(Cause.CUDA_OOM_RUNTIME, phase=Phase.SERVING))
     assert night.state is State.BACKOFF
     assert emitted(actions, "crash")["next_mem_fraction_static"] == 0.88
@@ -602,19 +620,41 @@ def test_exited_to_stopped_on_sigterm() -> None:
     """A stop request while the crash is being read: nothing runs, so stop at once."""
     night = Night()
     night.ready()
-    night.send(ServerDied(ExitStatus(signal=9)))
+    night.send(Died(ExitStatus(signal=9)))
     actions = night.send(StopRequested("SIGTERM"))
     assert night.state is State.STOPPED and of(actions, Exit) == [Exit(0)]
 
 
 def test_server_died_while_restarting_waits_for_the_exit_report() -> None:
-    """A death we caused (RESTARTING) is not a crash: the state stays until ServerExited."""
+    """A death we caused (RESTARTING) is not a crash: the state stays until Diagnosed. A hung
+    server's log is still read (what it said is kept beside our finding)."""
     night = Night()
     night.ready()
     for _ in range(night.cfg.health.failures):
         night.send(ProbeResult(ok=False))
-    assert night.send(ServerDied(ExitStatus(signal=9))) == []
+    assert night.send(Died(ExitStatus(signal=9))) == [Diagnose(read_log=True, phase=Phase.SERVING)]
     assert night.state is State.RESTARTING
+
+
+@pytest.mark.parametrize("how", ["operator", "daemon stop", "gpu lost"])
+def test_a_planned_stop_does_not_read_the_log(how: str) -> None:
+    """One death, one path: the core asks for the tidy-up of every death, and reads the log
+    only where it can tell something (a crash, a hang)."""
+    night = Night()
+    night.ready()
+    night.send({"operator": RestartRequested("rolling restart"), "daemon stop": StopRequested("SIGTERM"),
+                "gpu lost": GpuLost("Xid 79")}[how])
+    assert of(night.send(Died(ExitStatus(signal=15))), Diagnose) == [Diagnose(read_log=False, phase=Phase.SERVING)]
+
+
+def test_a_crash_is_read_once_its_tree_is_tidied() -> None:
+    """READY -> EXITED at the death, with the diagnosis asked for; a part's death asks only
+    for the bounded teardown, whose end (the main process) is then read."""
+    night = Night()
+    night.ready()
+    actions = night.send(Died(None, 4300, "sglang::scheduler_TP0"))
+    assert night.state is State.EXITED and not of(actions, Diagnose) and of(actions, StopServer)
+    assert of(night.send(Died(ExitStatus(code=0))), Diagnose) == [Diagnose(read_log=True, phase=Phase.SERVING)]
 
 
 def test_good_probe_while_ready_resets_the_failed_probe_count() -> None:
@@ -820,7 +860,7 @@ def test_stop_request_while_stopping_is_ignored() -> None:
 def test_config_change_rebases_only_when_the_starting_point_changed() -> None:
     """A reload keeps the learned rung unless the configured fraction itself changed."""
     night = Night()
-    night.backoff(ServerExited(ExitStatus(signal=SIGKILL), oom_runtime()))
+    night.backoff(Diagnosed(ExitStatus(signal=SIGKILL), oom_runtime()))
     assert night.send(ConfigChanged()) == []
     night.cfg = make_cfg(server={"mem_fraction_static": 0.85})
     assert night.send(ConfigChanged()) == [Persist()]
@@ -855,7 +895,7 @@ def test_full_night_oom_at_093_relaunches_at_088() -> None:
     night.send(facts(2.5))  # headroom fine by the guard's threshold
     night.send(ProbeResult(ok=True), after=900.0)
     assert night.state is State.READY
-    actions = night.send(ServerExited(ExitStatus(signal=SIGKILL), oom_runtime()), after=3 * 3600.0)
+    actions = night.send(Diagnosed(ExitStatus(signal=SIGKILL), oom_runtime()), after=3 * 3600.0)
 
     assert night.state is State.BACKOFF
     report = emitted(actions, "crash")
@@ -925,13 +965,15 @@ _FACTS = st.builds(
 _EVENTS: st.SearchStrategy[Event] = st.one_of(
     st.just(Boot()),
     st.just(Prepared()),
-    st.builds(PrepareFailed, cause=_CAUSES, detail=st.just("x"), permanent=st.booleans()),
+    st.builds(PrepareFailed, finding=st.sampled_from(list(Finding)), detail=st.just("x"), permanent=st.booleans(),
+              checks=st.sampled_from([(), ("model_path",), ("disk",)])),
     st.builds(Launched, pid=st.integers(2, 10**6)),
     st.builds(LaunchFailed, error=st.just("ENOENT")),
     st.builds(ProbeResult, ok=st.booleans()),
     st.builds(FactsUpdated, facts=_FACTS),
-    st.builds(ServerExited, status=_STATUSES, diagnosis=_DIAGNOSES),
-    st.builds(ServerDied, status=_STATUSES),
+    st.builds(Diagnosed, status=_STATUSES, diagnosis=_DIAGNOSES),
+    st.builds(Died, status=_STATUSES),
+    st.builds(Died, status=st.none(), pid=st.integers(2, 10**6), title=st.just("sglang::scheduler_TP0")),
     st.builds(TimerFired, name=st.sampled_from(list(Timer))),
     st.builds(GpuLost, detail=st.just("lost")),
     st.builds(StopRequested, reason=st.just("SIGTERM")),
@@ -949,13 +991,13 @@ def test_random_events_never_raise_and_never_run_two_servers(
     steps: list[tuple[Event, float]], max_crashes: int, headroom_action: str
 ) -> None:
     """Any event sequence (until the daemon exits) keeps a valid state, sane timers and at
-    most one server: no second Launch without a ServerExited in between. A new state is
+    most one server: no second Launch without a Diagnosed in between. A new state is
     persisted before ``state_changed`` announces it."""
     night = Night(make_cfg(policy={"max_crashes": max_crashes}, gpu={"headroom_action": headroom_action}))
     ladder = night.cfg.policy.fraction_ladder
     server_may_run = False
     for event, after in steps:
-        if isinstance(event, ServerExited):
+        if isinstance(event, Diagnosed):
             server_may_run = False
         actions = night.send(event, after=after)
         assert isinstance(night.state, State)
@@ -1008,7 +1050,7 @@ def test_ready_to_exited_when_a_part_dies() -> None:
     SGLang's own teardown is awaited (bounded by the grace period) before the diagnosis."""
     night = Night()
     night.ready()
-    actions = night.send(PartDied(777, "sglang::scheduler_TP0"))
+    actions = night.send(Died(None, 777, "sglang::scheduler_TP0"))
     assert night.state is State.EXITED
     down = emitted(actions, "server_down")
     assert (down["pid"], down["title"], down["phase"]) == (777, "sglang::scheduler_TP0", "serving")
@@ -1030,7 +1072,7 @@ def test_ready_to_restarting_on_a_restart_request() -> None:
     assert of(actions, StopServer) == [
         StopServer(night.cfg.server.stop_grace_s, "operator_restart", StopMode.DRAIN)
     ]
-    actions = night.send(ServerExited(ExitStatus(code=0), Diagnosis(Cause.OTHER, Phase.SERVING)))
+    actions = night.send(Diagnosed(ExitStatus(code=0), Diagnosis(Cause.OTHER, Phase.SERVING)))
     assert night.state is State.BACKOFF
     assert timers(actions) == {Timer.BACKOFF: 0.0}
     assert "crash" not in names(actions)
@@ -1057,7 +1099,7 @@ def test_hang_keeps_what_the_servers_log_said() -> None:
         night.send(ProbeResult(ok=False, detail="timeout"), after=10.0)
     assert night.state is State.RESTARTING
     log_said = Diagnosis(Cause.OTHER, Phase.SERVING, evidence=("Received sigquit from a child process.",))
-    actions = night.send(ServerExited(ExitStatus(signal=SIGKILL), log_said))
+    actions = night.send(Diagnosed(ExitStatus(signal=SIGKILL), log_said))
     report = emitted(actions, "crash")
     assert report["cause"] == "hang"
     assert (report["log_cause"], report["log_evidence"]) == ("other", ["Received sigquit from a child process."])
@@ -1072,7 +1114,7 @@ def test_unset_fraction_launches_without_the_flag_and_learns_sglangs_choice() ->
     actions = night.send(FactsUpdated(StartupFacts(progress="launching", mem_fraction_static=0.9)))
     assert emitted(actions, "fraction_learned")["mem_fraction_static"] == 0.9
     night.send(ProbeResult(ok=True), after=60.0)
-    actions = night.send(ServerExited(ExitStatus(signal=SIGKILL), oom_runtime()), after=60.0)
+    actions = night.send(Diagnosed(ExitStatus(signal=SIGKILL), oom_runtime()), after=60.0)
     assert emitted(actions, "crash")["next_mem_fraction_static"] == 0.88
     assert flag(launch_of(night.relaunch()).argv, "--mem-fraction-static") == "0.88"
 
@@ -1087,7 +1129,7 @@ def test_kv_pool_failure_goes_up_past_the_fraction_sglang_names() -> None:
     night = Night(cfg)
     night.starting()
     kv = Diagnosis(Cause.KV_POOL_TOO_SMALL, Phase.STARTING, evidence=("ValueError: ...",), min_fraction=0.004)
-    actions = night.send(ServerExited(ExitStatus(code=1), kv), after=20.0)
+    actions = night.send(Diagnosed(ExitStatus(code=1), kv), after=20.0)
     assert emitted(actions, "crash")["next_mem_fraction_static"] == 0.05
     assert launch_of(night.relaunch()).fraction == 0.05
 
@@ -1118,7 +1160,7 @@ def test_registered_once_ready() -> None:
 def test_a_dead_server_is_taken_out_first_thing() -> None:
     """At the moment a death is noticed (main or a part), the removal is the first action:
     before the state is written, the alerts and SGLang's own teardown."""
-    for death in (ServerDied(ExitStatus(signal=9)), PartDied(4300, "sglang::scheduler_TP0")):
+    for death in (Died(ExitStatus(signal=9)), Died(None, 4300, "sglang::scheduler_TP0")):
         night = router_night()
         night.ready()
         actions = night.send(death, after=5.0)
@@ -1149,7 +1191,7 @@ def test_every_planned_stop_takes_the_server_out_before_it(how: str) -> None:
 def test_no_router_actions_when_it_is_off() -> None:
     night = Night()
     night.ready()
-    actions = night.send(ServerDied(ExitStatus(signal=9)))
+    actions = night.send(Died(ExitStatus(signal=9)))
     assert not of(actions, RouterRemove) and not of(actions, RouterAdd)
 
 

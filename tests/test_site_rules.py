@@ -396,9 +396,9 @@ def test_the_crash_event_carries_what_the_diagnosis_could_not_name() -> None:
     night.ready()
     d = Diagnosis(cause=Cause.OTHER, phase=Phase.SERVING, evidence=(FROB,), certain=False,
                   basis="frames: core.py:77 step (frobnicator)", unrecognised=normalise(FROB))
-    from supervisor.core.machine import ServerExited
+    from supervisor.core.machine import Diagnosed
 
-    fields = emitted(night.send(ServerExited(ExitStatus(code=1), d)), "crash")
+    fields = emitted(night.send(Diagnosed(ExitStatus(code=1), d)), "crash")
     assert fields["unrecognised"] == normalise(FROB) and fields["basis"] == "frames: core.py:77 step (frobnicator)"
     assert ev.from_fields("crash", fields).fields() == fields  # a journal line reads back as the event
 

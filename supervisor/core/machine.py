@@ -23,10 +23,14 @@ from supervisor.core.messages import (
     CancelTimer,
     ConfigChanged,
     Ctx,
+    Diagnose,
+    Diagnosed,
+    Died,
     Emit,
     Event,
     Exit,
     FactsUpdated,
+    Finding,
     FleetAdvice,
     FleetShare,
     FleetShared,
@@ -38,7 +42,6 @@ from supervisor.core.messages import (
     Launch,
     Launched,
     LaunchFailed,
-    PartDied,
     Persist,
     Prepare,
     Prepared,
@@ -48,8 +51,6 @@ from supervisor.core.messages import (
     RestartRequested,
     RouterAdd,
     RouterRemove,
-    ServerDied,
-    ServerExited,
     SetTimer,
     StopMode,
     StopRequested,
@@ -473,11 +474,15 @@ def _group_step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]
                 actions.append(StopServer(cfg.server.stop_grace_s, "the group gave up"))
             return replace(new, pid=core.pid), actions
 
-        case ServerExited(status=status, diagnosis=diagnosis) if s in (
+        case Died() as died if died.main and s is State.RESTARTING:
+            return core, [Diagnose(read_log=False, phase=core.phase)]  # a stop we made: we know why
+
+        case Diagnosed(status=status, diagnosis=read) if s in (
             State.STARTING, State.READY, State.EXITED, State.RESTARTING,
         ):
             # -> WAITING: a death of our own is a crash of the group's generation; a stop we
             # made (a hang, headroom, the group's order) is reported with why we made it
+            diagnosis = read or _unread(core)
             if s is State.RESTARTING:
                 detail = core.pending_detail
                 diagnosis = _group_stop(detail, core.phase) if detail.startswith("the group's") else _ours(core)
@@ -507,6 +512,11 @@ def _group_stop(reason: str, phase: Phase) -> Diagnosis:
     return Diagnosis(cause=Cause.OTHER, phase=phase, evidence=(GROUP_STOP, reason), phase_source="daemon")
 
 
+def _unread(core: Core) -> Diagnosis:
+    """A crash whose log was not read (nothing ran: the launch failed or never happened)."""
+    return Diagnosis(cause=Cause.OTHER, phase=core.phase, evidence=("no server process",), phase_source="daemon")
+
+
 def _ours(core: Core) -> Diagnosis:
     """Why the daemon stopped the server itself (a hang, headroom, an operator's restart):
     its own finding, whatever the log says."""
@@ -533,6 +543,25 @@ def _with_router(old: Core, new: Core, actions: list[Action], now: float) -> lis
     return out
 
 
+_FINDING_CAUSES = {
+    Finding.PORT_HELD: Cause.PORT_IN_USE,
+    Finding.GPU_LOST: Cause.GPU_HW_ERROR,
+    Finding.GPU_STUCK: Cause.GPU_MEMORY_STUCK,
+    Finding.PREFLIGHT: Cause.PREFLIGHT_FAILED,
+    Finding.INTERNAL: Cause.PREFLIGHT_FAILED,
+}
+
+
+def _prepare_cause(failed: PrepareFailed) -> tuple[Cause, bool]:
+    """What a failed preparation means, and whether a retry could help: a GPU lost or still
+    held by memory nobody releases needs a human; a model that is not there is the finding
+    SGLang itself would make a minute later."""
+    if failed.finding is Finding.PREFLIGHT and "model_path" in failed.checks:
+        return Cause.MODEL_LOAD_ERROR, failed.permanent
+    permanent = failed.permanent or failed.finding in (Finding.GPU_LOST, Finding.GPU_STUCK)
+    return _FINDING_CAUSES[failed.finding], permanent
+
+
 def _step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
     s = core.state
     cfg = ctx.cfg
@@ -549,7 +578,8 @@ def _step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
             # PREPARING -> STARTING
             return _launch(core, ctx, "GPUs free and preflight passed")
 
-        case PrepareFailed(cause=cause, detail=detail, permanent=permanent) if s is State.PREPARING:
+        case PrepareFailed(detail=detail) as failed if s is State.PREPARING:
+            cause, permanent = _prepare_cause(failed)
             if permanent or not cause.restartable:
                 # PREPARING -> GAVE_UP
                 return _give_up(core, f"{cause.summary}: {detail}", cause)
@@ -638,17 +668,17 @@ def _step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
             # BACKOFF -> PREPARING
             return _prepare(core, "backoff elapsed")
 
-        case ServerDied(status=status) if s in (State.STARTING, State.READY):
-            # STARTING/READY -> EXITED: noticed at once; the diagnosis comes next
-            new, actions = _transition(core, State.EXITED, f"server {status.describe()}", pid=None)
-            down = Emit(ev.ServerDown(pid=core.pid, title="main", how=status.describe(), phase=core.phase,
-                                      mem_fraction_static=core.learned.fraction))
-            return new, [*_cancel_run_timers(), *actions, down]
-
-        case PartDied(pid=pid, title=title) if s in (State.STARTING, State.READY):
-            # STARTING/READY -> EXITED: a scheduler or the detokenizer died. SGLang's main
-            # process notices it too, sleeps, then kills its tree; that teardown runs, bounded
-            # by the stop grace period, and the diagnosis reads its log afterwards.
+        case Died(status=status, pid=pid, title=title) as died if s in (State.STARTING, State.READY):
+            # STARTING/READY -> EXITED: noticed at once; the diagnosis comes next. A part's
+            # death (a scheduler, the detokenizer): SGLang's main process notices it too,
+            # sleeps, then kills its tree; that teardown runs, bounded by the stop grace
+            # period, and the main process's death that ends it is diagnosed.
+            if died.main:
+                how = status.describe() if status else ""
+                new, actions = _transition(core, State.EXITED, f"server {how}", pid=None)
+                down = Emit(ev.ServerDown(pid=core.pid, title="main", how=how, phase=core.phase,
+                                          mem_fraction_static=core.learned.fraction))
+                return new, [*_cancel_run_timers(), *actions, down, Diagnose(read_log=True, phase=core.phase)]
             part = f"{title} (pid {pid})"
             new, actions = _transition(core, State.EXITED, f"{part} died", part_died=part)
             down = Emit(ev.ServerDown(pid=pid, title=title, how="process of the server died", phase=core.phase,
@@ -658,12 +688,22 @@ def _step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
                 StopServer(cfg.server.stop_grace_s, f"{part} died", StopMode.AWAIT),
             ]
 
-        case ServerExited(status=status, diagnosis=diagnosis) if s in (State.STARTING, State.READY, State.EXITED):
-            # EXITED (or STARTING/READY) -> BACKOFF or GAVE_UP: any exit we did not ask for
-            # is a crash, whatever its code
-            return _after_failure(core, ctx, diagnosis=diagnosis, status=status)
+        case Died() as died if died.main:
+            # The tree is tidied whatever the state; its log is read only for a crash (a part
+            # died first: EXITED) or a stop of ours the log may explain (a hang, a start-up
+            # timeout). A planned stop (an operator's restart, a step-down on headroom, a
+            # daemon stop, giving up) reads nothing.
+            read = s is State.EXITED or (
+                s is State.RESTARTING and core.pending not in (Cause.OPERATOR_RESTART, Cause.HEADROOM_LOW)
+            )
+            return core, [Diagnose(read_log=read, phase=core.phase)]
 
-        case ServerExited(diagnosis=diagnosis) if s is State.RESTARTING:
+        case Diagnosed(status=status, diagnosis=diagnosis) if s in (State.STARTING, State.READY, State.EXITED):
+            # EXITED -> BACKOFF or GAVE_UP: any exit we did not ask for is a crash, whatever
+            # its code
+            return _after_failure(core, ctx, diagnosis=diagnosis or _unread(core), status=status)
+
+        case Diagnosed(diagnosis=diagnosis) if s is State.RESTARTING:
             # RESTARTING -> BACKOFF (or GAVE_UP): the stop we asked for is done
             cause = core.pending or Cause.OTHER
             return _after_failure(
@@ -672,7 +712,7 @@ def _step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
                 log_diagnosis=diagnosis,
             )
 
-        case ServerExited(status=status) if s is State.STOPPING:
+        case Diagnosed(status=status) if s is State.STOPPING:
             # STOPPING -> STOPPED
             new, actions = _transition(core, State.STOPPED, core.reason, pid=None)
             return new, [
@@ -706,7 +746,7 @@ def _step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
             new, actions = _transition(core, State.STOPPED, reason, pid=None)
             return new, [CancelTimer(Timer.BACKOFF), *actions, Exit(0)]
 
-        case ServerExited() if s is State.GAVE_UP:
+        case Diagnosed() if s is State.GAVE_UP:
             return replace(core, pid=None), [Persist()]
 
         case RestartRequested(reason=reason) if s in (State.STARTING, State.READY):
@@ -740,6 +780,9 @@ __all__ = [
     "Core",
     "CrashRecord",
     "Ctx",
+    "Diagnose",
+    "Diagnosed",
+    "Died",
     "Emit",
     "Event",
     "Exit",
@@ -749,6 +792,7 @@ __all__ = [
     "FleetNote",
     "FleetShare",
     "FleetShared",
+    "Finding",
     "GpuLost",
     "GroupEnded",
     "GroupGaveUp",
@@ -759,7 +803,6 @@ __all__ = [
     "LaunchFailed",
     "Launched",
     "Learned",
-    "PartDied",
     "Persist",
     "Prepare",
     "PrepareFailed",
@@ -769,8 +812,6 @@ __all__ = [
     "RestartRequested",
     "RouterAdd",
     "RouterRemove",
-    "ServerDied",
-    "ServerExited",
     "SetTimer",
     "StopMode",
     "StopRequested",

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from supervisor.core import events as ev
 from supervisor.core.config import Config
 from supervisor.core.fleet import FleetOom
-from supervisor.core.model import Cause, Diagnosis, ExitStatus, StartupFacts
+from supervisor.core.model import Diagnosis, ExitStatus, Phase, StartupFacts
 from supervisor.core.state import Timer
 
 # --- events -------------------------------------------------------------------------------
@@ -27,11 +27,22 @@ class Prepared:
     """Old processes are gone, the GPUs are free and preflight passed."""
 
 
+class Finding(enum.StrEnum):
+    """What stopped a preparation, as the shell saw it (the core names the cause)."""
+
+    PORT_HELD = "port_held"  # the server's port is held by a process that is not ours
+    GPU_LOST = "gpu_lost"  # a GPU fell off the bus (NVML says so)
+    GPU_STUCK = "gpu_stuck"  # the GPUs' memory was not released in time
+    PREFLIGHT = "preflight"  # a preflight check failed (``checks``: the failed ones' names)
+    INTERNAL = "internal"  # the preparation itself raised
+
+
 @dataclass(frozen=True, slots=True)
 class PrepareFailed:
-    cause: Cause  # GPU_MEMORY_STUCK, PREFLIGHT_FAILED, GPU_HW_ERROR
+    finding: Finding
     detail: str
-    permanent: bool = False
+    permanent: bool = False  # the shell's checks said a retry cannot help
+    checks: tuple[str, ...] = ()  # PREFLIGHT: the names of the checks that failed
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,16 +67,29 @@ class FactsUpdated:
 
 
 @dataclass(frozen=True, slots=True)
-class ServerDied:
-    """The server's main process is gone (reaped); the diagnosis follows as ServerExited."""
+class Died:
+    """A process of the server's tree died: the main process (reaped, ``status`` its exit),
+    or a part of it, a scheduler or the detokenizer, while the main process lives (``status``
+    None: not ours to reap). SGLang's main process notices a dead part too, sleeps, then
+    kills its tree, so a part's death is the crash. The core answers a main process's death
+    with ``Diagnose``; its outcome comes back as ``Diagnosed``."""
 
-    status: ExitStatus
+    status: ExitStatus | None
+    pid: int | None = None
+    title: str = "main"
+
+    @property
+    def main(self) -> bool:
+        return self.status is not None
 
 
 @dataclass(frozen=True, slots=True)
-class ServerExited:
+class Diagnosed:
+    """The server's tree is gone and tidied (leftovers killed, output drained), and its log
+    read when the core asked (``diagnosis`` None: a planned stop, or nothing ran)."""
+
     status: ExitStatus
-    diagnosis: Diagnosis
+    diagnosis: Diagnosis | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,15 +97,6 @@ class TimerFired:
     name: Timer
     # For SILENCE: when the server last printed a line (monotonic), read as the timer fires.
     last_output_at: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class PartDied:
-    """A process of the server's tree (a scheduler, the detokenizer) died while its main
-    process lives: SGLang sleeps before it tears the tree down, so this is the crash."""
-
-    pid: int
-    title: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +171,7 @@ class FleetShared:
 
 Event = (
     Boot | Prepared | PrepareFailed | Launched | LaunchFailed | ProbeResult | FactsUpdated
-    | ServerDied | ServerExited | TimerFired | GpuLost | StopRequested | ConfigChanged | PartDied
+    | Died | Diagnosed | TimerFired | GpuLost | StopRequested | ConfigChanged
     | RestartRequested | GroupLaunch | GroupEnded | GroupGaveUp | FleetAdvice | FleetShared
 )
 
@@ -232,6 +247,16 @@ class Probe:
 
 
 @dataclass(frozen=True, slots=True)
+class Diagnose:
+    """The server's main process died: once its tree is tidied, read its log if
+    ``read_log`` (a crash, or a stop of ours whose log may tell more: a hang) with the
+    phase it died in, and report a ``Diagnosed``. A planned stop reads nothing."""
+
+    read_log: bool
+    phase: Phase
+
+
+@dataclass(frozen=True, slots=True)
 class Persist:
     """Write the learned state (and the live server's pid) to the state directory."""
 
@@ -260,7 +285,7 @@ class FleetShare:
 
 
 Action = (
-    Prepare | Launch | StopServer | SetTimer | CancelTimer | Emit | Probe | Persist | Exit | RouterAdd | RouterRemove
+    Prepare | Launch | StopServer | Diagnose | SetTimer | CancelTimer | Emit | Probe | Persist | Exit | RouterAdd | RouterRemove
     | GroupReport | FleetShare
 )
 

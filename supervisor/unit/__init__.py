@@ -1,0 +1,352 @@
+"""One server's supervision: its pure state machine, and the I/O that carries it out.
+
+A ``ServerUnit`` owns one SGLang server. Its core (``machine.step``) decides; the unit
+carries out each action and posts what came of it back as the core's next event:
+
+- ``ServerLife`` (``unit.life``): the launch's life: spawn, watch, probe, stop, diagnose;
+- ``Preparation`` (``unit.prepare``): our old servers off the GPUs, memory released,
+  preflight, the fleet's advice;
+- ``StateFile`` (``unit.statefile``): what is learned and what runs, on disk.
+
+Two verbs cross the line between shell and core: ``post`` (an event into the daemon's one
+queue, which feeds the cores one step at a time) and ``emit`` (an event out to the sinks).
+The router, the group and systemd's status line follow the core's state by subscribing to
+its changes (``_followers``). Slow work runs in tasks that post their outcome, so no
+adapter can delay a decision. A crash of one unit's server never reaches another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as _dt
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+from supervisor.adapters.ports import GpuProbe, Monitor, Ports, Prober, ServerHandle, Store
+from supervisor.aio import settled, within
+from supervisor.core import events as ev
+from supervisor.core import machine
+from supervisor.core.config import Config, alert_instance, unit_name, worker_url
+from supervisor.core.messages import (
+    CancelTimer,
+    ConfigChanged,
+    Ctx,
+    Diagnose,
+    Emit,
+    Exit,
+    FleetShare,
+    FleetShared,
+    GpuLost,
+    GroupReport,
+    Launch,
+    Persist,
+    Prepare,
+    Probe,
+    RestartRequested,
+    RouterAdd,
+    RouterRemove,
+    SetTimer,
+    StopRequested,
+    StopServer,
+    TimerFired,
+)
+from supervisor.core.model import State, rfc3339
+from supervisor.core.state import Core, Timer
+from supervisor.services.routing import RouterSync
+from supervisor.unit.life import ServerLife
+from supervisor.unit.prepare import Preparation
+from supervisor.unit.statefile import StateFile
+
+if TYPE_CHECKING:
+    from supervisor.services.fleet_sync import FleetSync
+    from supervisor.services.grouping import GroupSync
+
+
+def wall_now() -> str:
+    return rfc3339(_dt.datetime.now(_dt.UTC))
+
+
+class Host(Protocol):
+    """What a unit needs of the daemon that runs it (``supervisor.daemon.Daemon``)."""
+
+    def post(self, unit: ServerUnit, event: machine.Event) -> None: ...
+
+    def emit(self, event: ev.Event, sinks: Sequence[ev.EventSink] | None = None) -> None: ...
+
+    def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]: ...
+
+    def notify_status(self) -> None: ...
+
+
+class ServerUnit:
+    """One server under supervision (see the module docstring).
+
+    ``label`` is the server's name on its events (``server``; empty for a daemon with a
+    single ``[server]``, whose events stay as they always were); ``store`` its state file;
+    ``gpu_probe`` reads only its GPUs; ``sinks`` are its own (its metrics, its alerts),
+    besides the daemon's.
+    """
+
+    def __init__(
+        self, cfg: Config, ports: Ports, host: Host, *, label: str = "", store: Store,
+        gpu_probe: GpuProbe, sinks: Sequence[ev.EventSink] = (),
+    ) -> None:
+        self.cfg = cfg
+        self.p = ports
+        self.host = host
+        self.label = label
+        self.name = unit_name(cfg)
+        self.store = store
+        self.gpu_probe = gpu_probe
+        self.sinks = tuple(sinks)
+        self.log = ports.logger.bind(server=label) if label else ports.logger
+        self.instance = alert_instance(cfg)
+        self.core: Core | None = None
+        self.exit_code: int | None = None
+        # Our mark on every server we launch (ownership.MARK_VAR): what makes a process provably ours.
+        self.instance_id = ports.cleanup.instance_id(cfg.state.dir)
+        head = cfg.group.enabled and cfg.group.node_rank > 0  # node >= 1 asks the group's head
+        self.life = ServerLife(
+            cfg, ports, instance_id=self.instance_id, post=self.post, emit=self.emit, spawn=self._spawn,
+            wall_now=wall_now, log=self.log, prober=self._head_prober if head else None,
+        )
+        self.prep = Preparation(ports, gpu_probe, instance_id=self.instance_id, emit=self.emit, log=self.log)
+        self.state_file = StateFile(store, log=self.log, emit=self.emit, wall_now=wall_now)
+        self._timers: dict[Timer, asyncio.TimerHandle] = {}
+        self._moved = asyncio.Event()  # set, and replaced, at every step of the core (``moved``)
+        self._followers: list[Callable[[Core], None]] = [
+            lambda _core: self.host.notify_status(),
+            lambda core: self.life.mark_ready() if core.state is State.READY else None,
+        ]
+        self._gpu_monitor: Monitor | None = None
+        self._router: RouterSync | None = None  # SGLang's router's view of the server ([router])
+        self._router_removal: asyncio.Task[Any] | None = None
+        self._group: GroupSync | None = None  # [group]: this node's part of the group
+        self._fleet: FleetSync | None = None  # [fleet]: the record this server's fleet shares
+
+    @property
+    def server(self) -> ServerHandle | None:
+        """The server's process handle while one runs (``ServerLife.server``)."""
+        return self.life.server
+
+    # -- the core -------------------------------------------------------------------------
+
+    def post(self, event: machine.Event) -> None:
+        """Queue an event for this unit's core (safe from callbacks and signal handlers)."""
+        self.host.post(self, event)
+
+    def feed(self, event: machine.Event) -> None:
+        """One step of the core (the daemon's loop, one event at a time), then its actions
+        in order; the followers hear of a new state, pid or generation."""
+        old = self.core
+        assert old is not None
+        ctx = Ctx(now=asyncio.get_running_loop().time(), cfg=self.cfg, rng=self.p.rng, wall_time=wall_now())
+        self.core, actions = machine.step(old, event, ctx)
+        for action in actions:
+            self._do(action)
+        new = self.core
+        if (new.state, new.pid, new.generation) != (old.state, old.pid, old.generation):
+            for follow in self._followers:
+                follow(new)
+        self._step_taken()
+
+    def _step_taken(self) -> None:
+        moved, self._moved = self._moved, asyncio.Event()
+        moved.set()
+
+    async def moved(self) -> None:
+        """Until the core takes its next step: what a waiter awaits instead of polling the
+        state (the rolling restart)."""
+        await self._moved.wait()
+
+    def emit(self, event: ev.Event) -> None:
+        """Out to the sinks: the daemon's and ours, stamped with our host, instance and name."""
+        self.host.emit(replace(event, host=self.p.host, instance=self.instance, server=self.label), self.sinks)
+
+    # -- actions ----------------------------------------------------------------------------
+
+    def _do(self, action: machine.Action) -> None:
+        life = self.life
+        match action:
+            case Emit(event=event):
+                self.emit(event)
+            case SetTimer(name=name, delay_s=delay):
+                self._cancel_timer(name)
+                self._timers[name] = asyncio.get_running_loop().call_later(max(0.0, delay), self._timer_fired, name)
+            case CancelTimer(name=name):
+                self._cancel_timer(name)
+            case Persist():
+                self._persist()
+            case Prepare():
+                fraction = self.core.learned.fraction if self.core else None
+                self._answer(self.prep.run(self.cfg, fraction), "prepare")
+            case Launch() as launch:
+                self._answer(life.launch(launch), "launch")
+            case Probe():
+                starting = self.core is not None and self.core.state is State.STARTING
+                self._answer(life.probe(starting=starting, tree_grew=self._persist), "probe")
+            case StopServer(grace_s=grace, reason=reason, mode=mode):
+                self._answer(life.stop(grace, reason, mode, out_of_router=self._router_removed), "stop")
+            case Diagnose(read_log=read_log, phase=phase):
+                self._answer(life.diagnose(read_log, phase), "diagnose")
+            case RouterAdd():
+                if self._router is not None:
+                    self._router.want_in(worker_url(self.cfg))
+            case RouterRemove(reason=reason, at=at):
+                if self._router is not None:
+                    self._router_removal = self._spawn(self._router.take_out(reason, at), "router-remove")
+            case GroupReport(generation=generation, diagnosis=diagnosis, exit=exit_text):
+                if self._group is not None:
+                    self._group.report(generation, diagnosis, exit_text)
+            case Exit(code=code):
+                self.exit_code = code
+            case FleetShare(entries=entries):
+                if self._fleet is not None:
+                    self._fleet.share(entries)
+
+    def _answer(self, work: Awaitable[Any], name: str) -> None:
+        """Run ``work`` in a task and post what it returns: an event, a list of them, or
+        None (its outcome comes by another way)."""
+        async def answer() -> None:
+            outcome = await work
+            for event in outcome if isinstance(outcome, list) else [outcome] if outcome is not None else []:
+                self.post(event)
+
+        self._spawn(answer(), name)
+
+    def _timer_fired(self, name: Timer) -> None:
+        """A timer is due: the core is told, with when the server last printed a line (what
+        the start-up silence timer weighs; the others ignore it)."""
+        self._timers.pop(name, None)
+        self.post(TimerFired(name, last_output_at=self.life.last_output_at()))
+
+    def _cancel_timer(self, name: Timer) -> None:
+        handle = self._timers.pop(name, None)
+        if handle is not None:
+            handle.cancel()
+
+    def _persist(self) -> None:
+        core = self.core
+        assert core is not None
+        self.state_file.save(core, self.life.record(core.pid), instance_id=self.instance_id,
+                             worker_id=self._router.worker_id if self._router else None)
+
+    async def _router_removed(self) -> None:
+        """A stop signals the server only once the router stopped sending it requests (the
+        core put ``RouterRemove`` before ``StopServer``), or after ``[router] remove_wait_s``."""
+        removal = self._router_removal
+        if removal is None or removal.done():
+            return
+        with contextlib.suppress(TimeoutError):
+            await within(settled(removal), self.cfg.router.remove_wait_s)
+
+    def _head_prober(self) -> Prober:
+        """A group node >= 1's health is the group head's READY in our generation."""
+        assert self._group is not None, "[group] node >= 1 probes through the group's sync"
+        return self._group.head_prober(alive=lambda: self.life.server is not None,
+                                       ready=lambda: self.core is not None and self.core.state is State.READY)
+
+    # -- what the daemon asks ---------------------------------------------------------------
+
+    async def serving(self) -> bool:
+        """READY, and listed healthy by the router when there is one: it takes traffic."""
+        core = self.core
+        if core is None or core.state is not State.READY:
+            return False
+        return self._router is None or await self._router.routable()
+
+    def status_text(self) -> str:
+        """This server's part of systemd's STATUS= line."""
+        core = self.core
+        if core is None:
+            return f"{self.label} -" if self.label else "-"
+        fraction = "sglang" if core.learned.fraction is None else f"{core.learned.fraction:g}"
+        text = f"{core.state} fraction={fraction} restarts={core.learned.restarts} last={core.last_cause or '-'}"
+        return f"{self.label}: {text}" if self.label else text
+
+    def request_stop(self, reason: str) -> None:
+        self.post(StopRequested(reason))
+
+    def request_restart(self, reason: str) -> None:
+        self.emit(ev.RestartRequested(reason=reason))
+        self.post(RestartRequested(reason))
+
+    def reload(self, cfg: Config) -> None:
+        """A new config (SIGHUP, already validated): the core applies it at the next launch."""
+        self.cfg = cfg
+        self.life.reload(cfg)
+        self.post(ConfigChanged())
+
+    # -- start and end ----------------------------------------------------------------------
+
+    def start_background(self) -> None:
+        """The state file is read; then this server's GPU monitor, router, group and fleet sync."""
+        loaded = self.state_file.load(self.cfg)
+        self.prep.recorded = loaded.recorded
+        self.core = Core.initial(loaded.learned)
+        self._step_taken()
+        cfg, p = self.cfg, self.p
+        if cfg.gpu.backend != "none":
+            self._gpu_monitor = p.gpu_monitor(
+                self.gpu_probe, interval_s=cfg.gpu.interval_s, low_free_bytes=int(cfg.gpu.low_free_warn_gb * 1024**3),
+                emit=self.emit, on_lost=lambda exc: self.post(GpuLost(str(exc))),
+            )
+            self._spawn(self._gpu_monitor.run(), "gpu-monitor")
+        if cfg.router.enabled and p.router is not None:
+            self._router = RouterSync(
+                p.router, worker_url(cfg), emit=self._router_said, reconcile_s=cfg.router.reconcile_s,
+                worker_id=loaded.worker_id, rng=p.rng,
+            )
+            self._spawn(self._router.run(), "router")
+        if cfg.group.enabled and p.group_etcd is not None:
+            from supervisor.services.grouping import GroupSync, node_config_hash  # only with [group] on
+
+            group = self._group = GroupSync(
+                p.group_etcd, cfg, config_hash=node_config_hash(cfg), host=p.host, post=self.post, emit=self.emit,
+                rng=p.rng,
+            )
+            self._followers.append(lambda core: group.node_state(core.state, core.pid, core.generation))
+            self._spawn(group.run(), "group")
+        if cfg.fleet.enabled and p.fleet_store is not None and p.sglang_version is not None:
+            from supervisor.services.fleet_sync import FleetSync  # only with [fleet] on
+
+            self._fleet = self.prep.fleet = FleetSync(
+                p.fleet_store, p.sglang_version, prefix=cfg.fleet.prefix, host=p.host, emit=self.emit,
+                shared=lambda entries: self.post(FleetShared(entries)), wall_now=wall_now,
+                timeout_s=cfg.etcd.timeout_s, environ=p.environ, rng=p.rng,
+            )
+            self._spawn(self._fleet.run(), "fleet")
+
+    def _router_said(self, event: ev.Event) -> None:
+        """The router's news; the worker id it gave is kept in the state file."""
+        self.emit(event)
+        if isinstance(event, ev.RouterRegistered | ev.RouterRemoved):
+            self._persist()
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        return self.host.spawn(coro, f"{self.label}:{name}" if self.label else name)
+
+    async def leave(self) -> None:
+        """The daemon is leaving: timers off, and a live server never left behind (out of
+        the router first). Its tasks are cancelled by the daemon next, then ``close``."""
+        for name in list(self._timers):
+            self._cancel_timer(name)
+        await self.life.leave(self._take_out_for_leaving)
+
+    async def _take_out_for_leaving(self) -> None:
+        if self._router is not None and self._router.wanted:
+            await self._router.take_out("the daemon is leaving", asyncio.get_running_loop().time())
+
+    async def close(self) -> None:
+        """After every task ended: close what this unit holds; a clean stop is recorded."""
+        if self._group is not None:
+            await self._group.aclose()
+        await self.life.close()
+        with contextlib.suppress(Exception):
+            await self.gpu_probe.aclose()
+        if self.core is not None and self.core.state is State.STOPPED:
+            self.core = replace(self.core, pid=None)
+            self._step_taken()
+            self._persist()

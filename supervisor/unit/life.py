@@ -1,0 +1,294 @@
+"""A launch's life, one at a time: spawn, watch, probe, stop, and the reading of its end.
+
+``ServerLife`` holds what exists only while a server runs (its handle, its launch mark, the
+parser of its start-up lines, its prober) and answers the core's actions with the core's
+events: ``launch`` returns ``Launched`` or ``LaunchFailed``, ``probe`` a ``ProbeResult``,
+``diagnose`` a ``Diagnosed``. What happens unasked (a line with start-up facts, a death)
+is posted as it happens: ``FactsUpdated``, then ``Died`` at once when a process of the tree
+dies. It decides nothing: what a death means, and whether its log is read, is the core's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from supervisor.adapters.ports import Ports, Prober, ProcessError, ServerHandle
+from supervisor.aio import settled, within
+from supervisor.core import events as ev
+from supervisor.core.config import Config, http_url
+from supervisor.core.diagnosis import diagnose
+from supervisor.core.messages import (
+    Diagnosed,
+    Died,
+    Event,
+    FactsUpdated,
+    Launch,
+    Launched,
+    LaunchFailed,
+    ProbeResult,
+    StopMode,
+)
+from supervisor.core.model import ExitStatus, Phase
+from supervisor.core.ownership import LAUNCH_VAR, MARK_VAR, gpu_env, server_env
+from supervisor.core.startup_facts import StartupFactsParser
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
+
+KERNEL_LOG_TAIL = 256 * 1024
+NOTHING_RAN = ExitStatus(code=None)
+
+Spawn = Callable[[Awaitable[Any], str], "asyncio.Task[Any]"]
+
+
+class ServerLife:
+    """The server's process while it runs (see the module docstring). ``cfg`` is replaced
+    on a reload (the next launch uses it); ``prober`` makes the health prober, chosen when
+    the unit is built (a group node >= 1 asks the group's head)."""
+
+    def __init__(
+        self, cfg: Config, ports: Ports, *, instance_id: str, post: Callable[[Event], None],
+        emit: Callable[[ev.Event], None], spawn: Spawn, wall_now: Callable[[], str], log: FilteringBoundLogger,
+        prober: Callable[[], Prober] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.p = ports
+        self.log = log
+        self.instance_id = instance_id
+        self._post = post
+        self._emit = emit
+        self._spawn = spawn
+        self._wall_now = wall_now
+        self._new_prober = prober or self._health_prober
+        self.server: ServerHandle | None = None
+        self.since: float | None = None  # wall time of the launch (compared with process create times)
+        self.nonce: str | None = None  # this launch's mark (ownership.LAUNCH_VAR)
+        self._prober: Prober | None = None
+        self._facts: StartupFactsParser | None = None
+        self._ready_total: int | None = None  # the output's length when the server was last READY
+        self._oom_kills_at_launch: int | None = None
+        self._launching: asyncio.Task[Any] | None = None
+        self._watch: asyncio.Task[ExitStatus] | None = None
+        self._probes: set[asyncio.Task[Any]] = set()
+
+    def reload(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self._prober = None  # a changed port or path is probed from the next probe on
+
+    # -- spawn ------------------------------------------------------------------------------
+
+    async def launch(self, launch: Launch) -> Launched | LaunchFailed:
+        self._launching = asyncio.current_task()
+        cfg = self.cfg
+        state_dir = Path(cfg.state.dir)
+        log = self.p.open_log(
+            cfg.logging.server_log or state_dir / "server.log",
+            cfg.logging.server_log_max_bytes,
+            cfg.logging.server_log_backups,
+            on_error=lambda why: self._emit(ev.ServerLogWriteFailed(error=why)),
+        )
+        log.write(f"=== sglang-supervisor launch {launch.attempt} at {self._wall_now()}: {' '.join(launch.argv)}\n".encode())
+        self.nonce = uuid.uuid4().hex[:16]
+        mark = {MARK_VAR: self.instance_id, LAUNCH_VAR: self.nonce}
+        env = server_env(cfg.server.pass_env, {**cfg.server.env, **gpu_env(cfg.gpu.indices)}, self.p.environ, mark)
+        self._oom_kills_at_launch = await asyncio.to_thread(self._oom_kills)
+        try:
+            server = await self.p.spawner.spawn(
+                launch.argv, env=env, cwd=cfg.server.cwd or str(state_dir), log=log,
+                tail_bytes=cfg.logging.tail_bytes,
+            )
+        except ProcessError as exc:
+            log.close()
+            return LaunchFailed(str(exc))
+        self.server = server
+        self.since = time.time()
+        self._ready_total = None
+        self._facts = StartupFactsParser()
+        server.on_line = self._on_line
+        server.on_part_died = lambda pid, title: self._post(Died(None, pid, title))
+        self._emit(ev.ServerLaunched(
+            argv=tuple(launch.argv), mem_fraction_static=launch.fraction, hicache_size_gb=launch.hicache_size_gb,
+            attempt=launch.attempt, pid=server.pid, rung=launch.rung, launch_id=self.nonce,
+        ))
+        self._watch = self._spawn(self._watched(server), "watch")
+        return Launched(server.pid)
+
+    def _on_line(self, line: str) -> None:
+        parser = self._facts
+        if parser is None or not parser.feed(line):
+            return
+        self._post(FactsUpdated(parser.facts))
+        if parser.facts.ready and self.server is not None:
+            self.server.on_line = None  # start-up is over: stop parsing lines
+
+    def mark_ready(self) -> None:
+        """The server is READY: what its log holds now did not kill it while serving."""
+        if self.server is not None:
+            self._ready_total = self.server.tail.total
+
+    # -- watch ------------------------------------------------------------------------------
+
+    async def _watched(self, server: ServerHandle) -> ExitStatus:
+        """The death is told at once; then the tree is tidied (leftovers killed, output
+        drained, stale probes cancelled), which ``diagnose`` awaits."""
+        status = await server.wait()
+        self._post(Died(status, server.pid))
+        server.kill_leftovers()
+        await server.drain_output(0.5)
+        for task in list(self._probes):
+            task.cancel()  # a late answer must not speak for the next server
+        return status
+
+    async def diagnose(self, read_log: bool, phase: Phase) -> Diagnosed:
+        """Once the tree is tidied: its log read if the core asked, the handle closed."""
+        server, watch = self.server, self._watch
+        if server is None or watch is None:
+            return Diagnosed(NOTHING_RAN, None)
+        status = await settled(watch)
+        if status is None:
+            return Diagnosed(NOTHING_RAN, None)  # the watch was cancelled: the daemon is leaving
+        diagnosis = None
+        if read_log:
+            kernel = await asyncio.to_thread(_read_tail, self.cfg.logging.kernel_log)
+            oom_after = await asyncio.to_thread(self._oom_kills)
+            before = self._oom_kills_at_launch
+            delta = None if oom_after is None or before is None else max(0, oom_after - before)
+            tail = server.tail.get()
+            diagnosis = await asyncio.to_thread(
+                diagnose, tail, exit_status=status, phase=phase, kernel_log=kernel, pids=server.tree_pids(),
+                oom_kill_delta=delta, ready_at=_ready_at(self._ready_total, server.tail.total, tail),
+                site_rules=self.cfg.diagnosis.rules,
+            )
+        await server.close()
+        if self.server is server:
+            self.server, self._facts, self._watch = None, None, None
+        return Diagnosed(status, diagnosis)
+
+    # -- probe ------------------------------------------------------------------------------
+
+    def _health_prober(self) -> Prober:
+        s = self.cfg.server
+        return self.p.prober(http_url(s.host, s.port, self.cfg.health.path), self.cfg.health.timeout_s)
+
+    async def probe(self, *, starting: bool, tree_grew: Callable[[], None]) -> ProbeResult:
+        """The health answer; while starting, counted only when our tree holds the port.
+        Each probe also looks for new parts of the tree (``tree_grew`` when it found some:
+        their pids and create times prove them ours after a daemon crash)."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._probes.add(task)
+            task.add_done_callback(self._probes.discard)
+        if self._prober is None:
+            self._prober = self._new_prober()
+        server = self.server
+        if server is not None:
+            known = len(server.tree_pids())
+            server.watch_parts(await asyncio.to_thread(server.scan_descendants))
+            if len(server.tree_pids()) != known:
+                tree_grew()
+        outcome = await self._prober.probe()
+        ok, detail = outcome.ok, outcome.detail
+        if ok and outcome.status is not None and server is not None and starting:
+            # Readiness counts only when the listener on our port is our server's: a server
+            # that fails to bind still sees its warm-up answered by whoever holds the port.
+            ok, detail = await asyncio.to_thread(self._port_is_ours, server)
+        self._emit(ev.ProbeAnswered(ok=ok, duration_s=round(outcome.duration_s, 4), status=outcome.status,
+                                    error=None if ok else detail))
+        return ProbeResult(ok, detail)
+
+    def _port_is_ours(self, server: ServerHandle) -> tuple[bool, str]:
+        """(True, "") when a process of our server's tree listens on the port (blocking)."""
+        port = self.cfg.server.port
+        holders = self.p.cleanup.listeners(port)
+        if holders & set(server.tree_pids()) or not holders:
+            # No listener visible at all: /proc/net is not readable here; trust the answer.
+            return True, ""
+        return False, f"port {port} answered by pid {', '.join(map(str, sorted(holders)))}, not our server"
+
+    # -- stop -------------------------------------------------------------------------------
+
+    async def stop(self, grace_s: float, reason: str, mode: StopMode, *,
+                   out_of_router: Callable[[], Awaitable[None]]) -> Diagnosed | None:
+        """Signal the server once the router stopped sending it requests; its end comes
+        back through the watch (``Died``). None ran: ``Diagnosed`` at once."""
+        if self._launching is not None:
+            await settled(self._launching)
+        server = self.server
+        if server is None:
+            return Diagnosed(NOTHING_RAN, None)  # the launch failed or had not happened
+        await out_of_router()
+        self.log.info("server_stopping", reason=reason, grace_s=grace_s, pid=server.pid, mode=mode)
+        first = {StopMode.DRAIN: signal.SIGTERM, StopMode.DUMP: signal.SIGQUIT}.get(mode)  # AWAIT: none
+        await server.stop(grace_s, first)
+        return None
+
+    async def leave(self, take_out: Callable[[], Awaitable[None]]) -> None:
+        """The daemon is leaving: a live server (or one whose launch is in flight) is never
+        left behind; out of the router first."""
+        if self._launching is not None:
+            await settled(self._launching)
+        server = self.server
+        if server is not None and server.returncode is None:
+            with contextlib.suppress(TimeoutError):
+                await within(take_out(), self.cfg.router.remove_wait_s)
+            await server.stop(self.cfg.server.stop_grace_s)
+
+    async def close(self) -> None:
+        if self.server is not None:
+            await self.server.close()
+        if self._prober is not None:
+            await self._prober.aclose()
+        self._facts = None
+
+    # -- what the state file keeps ----------------------------------------------------------
+
+    def record(self, pid: int | None) -> dict[str, Any]:
+        """The running server as the state file keeps it (``pid``: the core's, when no
+        handle is held: a server a previous daemon left)."""
+        server = self.server
+        return {
+            "server_pid": server.pid if server else pid,
+            "server_pgid": server.pgid if server else pid,
+            "server_since": self.since if server else None,
+            "server_launch": self.nonce if server else None,
+            "server_tree": [list(t) for t in server.tree()] if server else [],
+        }
+
+    def last_output_at(self) -> float | None:
+        return self.server.last_output_at if self.server else None
+
+    def _oom_kills(self) -> int | None:
+        """The cgroup's ``oom_kill`` count now (blocking; None when unreadable or off)."""
+        path = self.cfg.logging.memory_events
+        if path == "off":
+            return None
+        return self.p.oom_kills(path or None)
+
+
+def _ready_at(ready_total: int | None, total: int, tail: bytes) -> int | None:
+    """Where in ``tail`` (a byte offset) the server was last READY: what it logged before
+    then did not kill it while serving. None: it never was; 0: before the tail began."""
+    if ready_total is None:
+        return None
+    return max(0, ready_total - (total - len(tail)))
+
+
+def _read_tail(path: str) -> str | None:
+    if not path:
+        return None
+    try:
+        with Path(path).open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - KERNEL_LOG_TAIL))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None

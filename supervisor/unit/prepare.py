@@ -1,0 +1,129 @@
+"""Preparing a launch: our old servers off the GPUs, the GPUs' memory released, preflight,
+and what the fleet learned of this configuration.
+
+``Preparation.run`` returns the core's events for it: ``Prepared`` (after a ``FleetAdvice``
+with ``[fleet]`` on), or ``PrepareFailed`` with what it found. What a finding means (its
+cause, whether a retry can help) is the core's (``machine._prepare_cause``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from supervisor.adapters.ports import GpuInfo, GpuProbe, GpuProbeError, Ports
+from supervisor.core import events as ev
+from supervisor.core.config import Config
+from supervisor.core.messages import Event, Finding, Prepared, PrepareFailed
+from supervisor.services import release
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
+
+    from supervisor.services.fleet_sync import FleetSync
+
+
+@dataclass
+class Recorded:
+    """The last server a previous daemon recorded (its state file): what proves its
+    leftovers ours (``cleanup.find_stale``)."""
+
+    pgid: int | None = None
+    since: float | None = None  # wall time of that launch (pgid reuse guard)
+    tree: list[tuple[int, float]] = field(default_factory=list)  # (pid, create time) seen in that tree
+
+
+class Preparation:
+    def __init__(
+        self, ports: Ports, gpu_probe: GpuProbe, *, instance_id: str, emit: Callable[[ev.Event], None],
+        log: FilteringBoundLogger,
+    ) -> None:
+        self.p = ports
+        self.gpu_probe = gpu_probe
+        self.instance_id = instance_id
+        self._emit = emit
+        self.log = log
+        self.recorded = Recorded()
+        self.fleet: FleetSync | None = None  # [fleet]: set once its sync runs
+
+    async def run(self, cfg: Config, fraction: float | None) -> list[Event]:
+        """Clear our old servers off the GPUs, wait for memory, run preflight (``fraction``:
+        the one about to be launched, for the report of memory that stays held)."""
+        try:
+            return await self._run(cfg, fraction)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an adapter bug must not kill the daemon
+            self.log.exception("prepare_failed", error=repr(exc)[:300])
+            return [PrepareFailed(Finding.INTERNAL, f"internal error: {exc!r}"[:300])]
+
+    async def _run(self, cfg: Config, fraction: float | None) -> list[Event]:
+        gpus = await self._sample_or_none()
+        holders = {p.pid: (g.index, p.used_bytes) for g in gpus for p in g.processes}
+        recorded = self.recorded
+        report = await asyncio.to_thread(
+            self.p.cleanup.find_stale,
+            recorded_pgid=recorded.pgid,
+            gpu_pids=list(holders),
+            own_pid=os.getpid(),
+            port=cfg.server.port,
+            recorded_since=recorded.since,
+            instance=self.instance_id,
+            recorded_tree=recorded.tree,
+        )
+        for proc in report.foreign:
+            index, used = holders.get(proc.pid, (None, None))
+            self._emit(ev.ForeignGpuProcess(pid=proc.pid, name=proc.name, cmdline=proc.cmdline,
+                                            reason=proc.reason, gpu=index, used_bytes=used))
+        if report.port_holders and not cfg.gpu.kill_foreign:
+            # Not ours (no mark, not our process group): reported, never killed.
+            self._emit(ev.PortInUse(port=cfg.server.port, holders=tuple(p.to_dict() for p in report.port_holders)))
+            who = ", ".join(f"pid {p.pid} {p.name or '?'}" for p in report.port_holders)
+            return [PrepareFailed(Finding.PORT_HELD, f"port {cfg.server.port} is held by {who}, not ours")]
+        foreign = report.foreign or report.port_holders
+        if report.ours or (foreign and cfg.gpu.kill_foreign):
+            killed = await self.p.cleanup.kill_stale(
+                report, grace_s=min(cfg.server.stop_grace_s, 10.0), kill_foreign=cfg.gpu.kill_foreign
+            )
+            self._emit(ev.OrphansKilled(
+                pids=tuple(killed), titles=tuple(p.name for p in report.ours), reasons=tuple(p.reason for p in report.ours),
+            ))
+        self.recorded = Recorded(since=recorded.since)
+        if cfg.gpu.backend != "none":
+            result = await release.wait_until_released(
+                self.gpu_probe, min_free_share=cfg.gpu.free_share_min, timeout_s=cfg.gpu.release_timeout_s,
+                poll_s=min(1.0, cfg.gpu.interval_s),
+            )
+            if result.error is not None and result.error.lost:
+                return [PrepareFailed(Finding.GPU_LOST, str(result.error), permanent=True)]
+            if result.error is not None:
+                # Degraded: we cannot see the GPUs, so we cannot prove them free. Launch
+                # anyway (the server's own start-up OOM would tell) and say so once.
+                self._emit(ev.GpuProbeFailed(error=str(result.error), degraded=True, lost=False))
+            elif not result.ok:
+                self._emit(result.stuck_event(cfg.gpu.release_timeout_s, fraction))
+                return [PrepareFailed(Finding.GPU_STUCK, result.describe(cfg.gpu.free_share_min), permanent=True)]
+        checks = await self.p.preflight.run_preflight(cfg, self.gpu_probe, degraded_ok=True)
+        failed = [c for c in checks if not c.ok]
+        if failed:
+            self._emit(ev.PreflightFailed(
+                checks=tuple({"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks),
+                permanent=any(c.permanent for c in failed),
+            ))
+            return [PrepareFailed(
+                Finding.PREFLIGHT, "; ".join(f"{c.name}: {c.detail}" for c in failed),
+                permanent=any(c.permanent for c in failed), checks=tuple(c.name for c in failed),
+            )]
+        if self.fleet is not None:
+            # What the fleet learned of this configuration, applied before the launch.
+            return [await self.fleet.advice(cfg, gpus or await self._sample_or_none()), Prepared()]
+        return [Prepared()]
+
+    async def _sample_or_none(self) -> list[GpuInfo]:
+        try:
+            return await self.gpu_probe.sample()
+        except GpuProbeError:
+            return []
