@@ -339,8 +339,9 @@ def daemon_sections(
 
 def server_argv(config: Path) -> list[str]:
     """The exact argv our daemon launches first (what supervisord is given too)."""
+    from supervisor.core.argv import build_argv
     from supervisor.core.config import load_config
-    from supervisor.core.machine import Learned, build_argv
+    from supervisor.core.state import Learned
 
     cfg = load_config(config)
     learned = Learned.initial(cfg)

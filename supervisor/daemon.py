@@ -44,10 +44,9 @@ from supervisor.adapters.ports import (
 )
 from supervisor.aio import cancel_and_wait, where, within
 from supervisor.core import events as ev
-from supervisor.core import machine
 from supervisor.core.config import Config, ConfigError, alert_instance, server_configs, unit_name
 from supervisor.core.group import restart_refusal
-from supervisor.core.messages import Boot
+from supervisor.core.messages import Boot, Event
 from supervisor.services.rolling import PassEnd, roll
 from supervisor.unit import ServerUnit, wall_now
 
@@ -133,7 +132,7 @@ class Daemon:
         self.log = ports.logger
         self.instance = alert_instance(cfg)
         self.exit_code: int | None = None
-        self._queue: asyncio.Queue[tuple[ServerUnit, machine.Event] | _TaskFailed] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[ServerUnit, Event] | _TaskFailed] = asyncio.Queue()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._control: ControlHandle | None = None
         self._failure: _TaskFailed | None = None  # the first background task that failed
@@ -212,7 +211,7 @@ class Daemon:
 
     # -- what units use (unit.Host) ---------------------------------------------------------
 
-    def post(self, unit: ServerUnit, event: machine.Event) -> None:
+    def post(self, unit: ServerUnit, event: Event) -> None:
         """Queue an event for ``unit``'s core (safe from callbacks and signal handlers)."""
         self._queue.put_nowait((unit, event))
 

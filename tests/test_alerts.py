@@ -369,8 +369,9 @@ def test_the_restart_alert_of_a_real_event_order_names_the_fraction_that_crashed
     from the events it had seen said 0.88 -> 0.88. The events carry it now."""
     from test_machine import Night, oom_runtime
 
-    from supervisor.core.machine import Diagnosed, Emit, Launched, Prepared, ProbeResult, Timer, TimerFired
+    from supervisor.core.messages import Diagnosed, Emit, Launched, Prepared, ProbeResult, TimerFired
     from supervisor.core.model import ExitStatus
+    from supervisor.core.state import Timer
 
     night = Night()
     actions = [*night.starting(), *night.send(ProbeResult(ok=True), after=60)]

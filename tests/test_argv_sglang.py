@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.core.argv import build_argv
 from supervisor.core.config import MANAGED_FLAGS, build_config, load_config
-from supervisor.core.machine import build_argv
 
 REPO = Path(__file__).resolve().parent.parent
 FLAGS_FILE = REPO / "tests" / "data" / "sglang_server_args_flags.txt"

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from supervisor.core.argv import build_argv
 from supervisor.core.config import (
     DEFAULT_LADDER,
     Config,
@@ -25,7 +26,6 @@ from supervisor.core.config import (
     load_config,
     parse_override,
 )
-from supervisor.core.machine import build_argv
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = 'model_path = "moonshotai/Kimi-K2.5"'

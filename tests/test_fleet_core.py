@@ -19,9 +19,9 @@ from supervisor.adapters.ports import GpuInfo
 from supervisor.core import events as ev
 from supervisor.core.config import Config, ConfigError, build_config
 from supervisor.core.fleet import FLEET_PREFIX, RECORD_OOMS, FleetOom, FleetRecord, merge
-from supervisor.core.machine import (
+from supervisor.core.machine import step
+from supervisor.core.messages import (
     Boot,
-    Core,
     Ctx,
     Diagnosed,
     Died,
@@ -30,12 +30,11 @@ from supervisor.core.machine import (
     FleetShare,
     FleetShared,
     Launch,
-    Learned,
     Persist,
     Prepared,
-    step,
 )
 from supervisor.core.model import Cause, Diagnosis, ExitStatus, Phase, State
+from supervisor.core.state import Core, Learned
 from supervisor.services.fleet_sync import FleetSync, gpu_identity
 
 KEY = f"{FLEET_PREFIX}/moonshotai_Kimi-K2.5/0.5.23/Simulated_GPU_96GB-98304MiB/tp8-dp1-pp1-ep1-n1/abcdef012345"

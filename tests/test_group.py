@@ -24,9 +24,9 @@ from supervisor.core.group import (
     rank_of,
     root_cause,
 )
-from supervisor.core.machine import (
+from supervisor.core.machine import step
+from supervisor.core.messages import (
     Boot,
-    Core,
     Ctx,
     Diagnosed,
     Emit,
@@ -36,7 +36,6 @@ from supervisor.core.machine import (
     GroupReport,
     Launch,
     Launched,
-    Learned,
     Persist,
     Prepare,
     Prepared,
@@ -44,11 +43,10 @@ from supervisor.core.machine import (
     RestartRequested,
     SetTimer,
     StopServer,
-    Timer,
     TimerFired,
-    step,
 )
 from supervisor.core.model import Cause, Diagnosis, ExitStatus, Phase, Remedy, State
+from supervisor.core.state import Core, Learned, Timer
 
 # What node 0 of a two-node group logged when node 1's scheduler was killed (real SGLang
 # 0.5.23 on the CPU with gloo, tests/real/test_real_group.py; node 1 logs the same when node

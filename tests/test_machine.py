@@ -16,12 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor.core.config import Config, build_config
-from supervisor.core.machine import (
+from supervisor.core.machine import step
+from supervisor.core.messages import (
     Action,
     Boot,
     CancelTimer,
     ConfigChanged,
-    Core,
     Ctx,
     Diagnose,
     Diagnosed,
@@ -35,7 +35,6 @@ from supervisor.core.machine import (
     Launch,
     Launched,
     LaunchFailed,
-    Learned,
     Persist,
     Prepare,
     Prepared,
@@ -49,9 +48,7 @@ from supervisor.core.machine import (
     StopMode,
     StopRequested,
     StopServer,
-    Timer,
     TimerFired,
-    step,
 )
 from supervisor.core.model import (
     Cause,
@@ -63,6 +60,7 @@ from supervisor.core.model import (
     StartupFacts,
     State,
 )
+from supervisor.core.state import Core, Learned, Timer
 
 PID = 4242
 SIGKILL = 9

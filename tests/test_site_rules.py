@@ -396,7 +396,7 @@ def test_the_crash_event_carries_what_the_diagnosis_could_not_name() -> None:
     night.ready()
     d = Diagnosis(cause=Cause.OTHER, phase=Phase.SERVING, evidence=(FROB,), certain=False,
                   basis="frames: core.py:77 step (frobnicator)", unrecognised=normalise(FROB))
-    from supervisor.core.machine import Diagnosed
+    from supervisor.core.messages import Diagnosed
 
     fields = emitted(night.send(Diagnosed(ExitStatus(code=1), d)), "crash")
     assert fields["unrecognised"] == normalise(FROB) and fields["basis"] == "frames: core.py:77 step (frobnicator)"

@@ -16,8 +16,8 @@ import pytest
 
 from supervisor.adapters.store import LOCK_FILE, STATE_FILE, StateStore, StoreError
 from supervisor.core.config import Config, build_config
-from supervisor.core.machine import CrashRecord, Learned
 from supervisor.core.model import Cause, Phase, Remedy
+from supervisor.core.state import CrashRecord, Learned
 
 
 def make_cfg(fraction: float = 0.93, hicache: int = 48) -> Config:

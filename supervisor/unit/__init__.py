@@ -30,11 +30,13 @@ from supervisor.core import events as ev
 from supervisor.core import machine
 from supervisor.core.config import Config, alert_instance, unit_name, worker_url
 from supervisor.core.messages import (
+    Action,
     CancelTimer,
     ConfigChanged,
     Ctx,
     Diagnose,
     Emit,
+    Event,
     Exit,
     FleetShare,
     FleetShared,
@@ -71,7 +73,7 @@ def wall_now() -> str:
 class Host(Protocol):
     """What a unit needs of the daemon that runs it (``supervisor.daemon.Daemon``)."""
 
-    def post(self, unit: ServerUnit, event: machine.Event) -> None: ...
+    def post(self, unit: ServerUnit, event: Event) -> None: ...
 
     def emit(self, event: ev.Event, sinks: Sequence[ev.EventSink] | None = None) -> None: ...
 
@@ -133,11 +135,11 @@ class ServerUnit:
 
     # -- the core -------------------------------------------------------------------------
 
-    def post(self, event: machine.Event) -> None:
+    def post(self, event: Event) -> None:
         """Queue an event for this unit's core (safe from callbacks and signal handlers)."""
         self.host.post(self, event)
 
-    def feed(self, event: machine.Event) -> None:
+    def feed(self, event: Event) -> None:
         """One step of the core (the daemon's loop, one event at a time), then its actions
         in order; the followers hear of a new state, pid or generation."""
         old = self.core
@@ -167,7 +169,7 @@ class ServerUnit:
 
     # -- actions ----------------------------------------------------------------------------
 
-    def _do(self, action: machine.Action) -> None:
+    def _do(self, action: Action) -> None:
         life = self.life
         match action:
             case Emit(event=event):
