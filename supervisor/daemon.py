@@ -238,6 +238,13 @@ class Daemon:
             for queue in self._followers:
                 queue.put_nowait(line)
 
+    async def others_serving(self, unit: ServerUnit) -> bool:
+        """Whether a server besides ``unit`` takes traffic now (a climb's drain loses nothing)."""
+        for other in self.units:
+            if other is not unit and await other.serving():
+                return True
+        return False
+
     def notify_status(self) -> None:
         self.p.notifier.status(" | ".join(u.status_text() for u in self.units))
 

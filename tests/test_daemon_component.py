@@ -118,6 +118,8 @@ class FakeServer:
         self.tail = FakeTail()
         self.last_output_at = asyncio.get_running_loop().time()
         self.on_line: Callable[[str], None] | None = None
+        self.spotted: tuple[bytes, ...] = ()
+        self.on_spotted: Callable[[str], None] | None = None
         self.on_part_died: Callable[[int, str], None] | None = None
         self.returncode: int | None = None
         self.stopped_with: list[signal.Signals | None] = []

@@ -99,6 +99,7 @@ def test_every_alert_has_a_severity_and_one_wording() -> None:
         "headroom_low": "headroom_low", "gpu_memory_stuck": "gpu_memory_stuck", "server_down": "down",
         "port_in_use": "port_in_use", "daemon_failed": "daemon_failed",
         "group_etcd_unreachable": "etcd_unreachable", "daily_summary": "daily_summary",
+        "climb": "climb", "climb_fell_back": "climb_fell_back",
     }
     for kind, alert in kinds.items():
         assert ev.EVENTS[kind].severity in ("info", "warning", "critical"), kind

@@ -600,7 +600,7 @@ def test_ready_to_exited_when_the_server_dies() -> None:
     night.ready()
     actions = night.send(Died(ExitStatus(signal=9)))
     assert night.state is State.EXITED
-    assert {a.name for a in of(actions, CancelTimer)} == {Timer.PROBE, Timer.STARTUP, Timer.SILENCE, Timer.STABLE}
+    assert {a.name for a in of(actions, CancelTimer)} == {Timer.PROBE, Timer.STARTUP, Timer.SILENCE, Timer.STABLE, Timer.PROBATION}
     assert emitted(actions, "state_changed")["reason"] == "server killed by SIGKILL"
 
 

@@ -45,3 +45,60 @@ class HealthProber:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+# SGLang's own gauges (--enable-metrics; srt/observability/metrics_collector.py), one per
+# label set (a data-parallel server has one per DP rank).
+TOKEN_USAGE = b"sglang:token_usage"
+QUEUE_REQS = b"sglang:num_queue_reqs"
+MAX_METRICS_BODY = 4 * 1024 * 1024
+
+
+class KvMetricsReader:
+    """SGLang's KV-pool usage and queue from its ``/metrics`` (``--enable-metrics``).
+
+    Only the two gauges' sample lines are read: SGLang's page holds dozens of histograms, and
+    a full parse (prometheus_client's parser) every probe would cost more than the probe.
+    """
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self._http = FreshSession(timeout_s)
+
+    async def read(self) -> tuple[float, int] | None:
+        """(the highest token usage, the queued requests) or None when unreadable."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async with self._http.session().get(self.url, allow_redirects=False) as resp:
+                    if resp.status != 200:
+                        return None
+                    body = await resp.content.read(MAX_METRICS_BODY)
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+            return None
+        return parse_kv_gauges(body)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+def parse_kv_gauges(body: bytes) -> tuple[float, int] | None:
+    usage: list[float] = []
+    queue: list[float] = []
+    for line in body.split(b"\n"):
+        if line.startswith(TOKEN_USAGE):
+            target = usage
+        elif line.startswith(QUEUE_REQS):
+            target = queue
+        else:
+            continue
+        name_end = len(TOKEN_USAGE if target is usage else QUEUE_REQS)
+        if line[name_end:name_end + 1] not in (b"{", b" "):
+            continue  # another metric sharing the prefix
+        try:
+            target.append(float(line.rsplit(b" ", 1)[1]))
+        except (IndexError, ValueError):
+            continue
+    if not usage:
+        return None
+    return max(usage), int(sum(queue))

@@ -389,6 +389,8 @@ class ServerHandle(Protocol):
     """One launched server, as the daemon drives it (``process.ServerProcess``)."""
 
     on_line: Callable[[str], None] | None  # each output line while set (startup)
+    spotted: tuple[bytes, ...]  # while on_line is None: the words whose lines go to on_spotted
+    on_spotted: Callable[[str], None] | None
     on_part_died: Callable[[int, str], None] | None  # (pid, title) of an SGLang part that died
 
     @property
@@ -427,6 +429,13 @@ class Prober(Protocol):
 
 ProberFactory = Callable[[str, float], Prober]
 """(url, timeout_s) -> a prober (the ``HealthProber`` class)."""
+
+
+class KvReader(Protocol):
+    """SGLang's KV-pool usage and queue from its ``/metrics`` (``health.KvMetricsReader``)."""
+
+    async def read(self) -> tuple[float, int] | None: ...
+    async def aclose(self) -> None: ...
 
 
 class Monitor(Protocol):
@@ -551,3 +560,5 @@ class Ports:
     # with the code given (os._exit). Both only for a daemon that owns its process.
     publish_offline: Callable[[float], Awaitable[None]] | None = None
     hard_exit: Callable[[int], None] | None = None
+    # (url, timeout_s) -> SGLang's /metrics reader, for a server run with --enable-metrics.
+    kv_reader: Callable[[str, float], KvReader] | None = None

@@ -184,6 +184,10 @@ class ServerProcess:
         self.log = log
         self.tail = tail
         self.on_line: Callable[[str], None] | None = None
+        # After start-up: each line holding one of ``spotted`` (bytes searched in each read,
+        # no line split) goes to ``on_spotted``.
+        self.spotted: tuple[bytes, ...] = ()
+        self.on_spotted: Callable[[str], None] | None = None
         self._partial = b""
         self._known: dict[int, float] = {}  # descendant pid -> create_time
         self._fd: int | None = fd
@@ -251,6 +255,8 @@ class ServerProcess:
         self.tail.append(data)
         if self.on_line is not None:
             self._split_lines(data)
+        elif self.on_spotted is not None:
+            self._spot(data, self.on_spotted)
         return len(data)
 
     def _on_readable(self) -> None:
@@ -320,6 +326,18 @@ class ServerProcess:
             self._partial = self._partial[-READ_CHUNK:]
         for line in lines:
             self._deliver(line)
+
+    def _spot(self, data: bytes, callback: Callable[[str], None]) -> None:
+        """The lines of ``data`` that hold a spotted word, one call each (a word cut by a read
+        boundary is missed: the words are a signal that repeats, not a record)."""
+        for word in self.spotted:
+            at = data.find(word)
+            while at >= 0:
+                start = data.rfind(b"\n", 0, at) + 1
+                end = data.find(b"\n", at)
+                end = len(data) if end < 0 else end
+                callback(data[start:end].decode("utf-8", errors="replace").rstrip("\r"))
+                at = data.find(word, end)
 
     def _deliver(self, line: bytes) -> None:
         callback = self.on_line

@@ -38,7 +38,7 @@ async def run_daemon_async(
 
     from supervisor.adapters import cleanup, control, gpu, reaper
     from supervisor.adapters.cgroup import cgroup_oom_kills
-    from supervisor.adapters.health import HealthProber
+    from supervisor.adapters.health import HealthProber, KvMetricsReader
     from supervisor.adapters.ports import Ports
     from supervisor.adapters.process import RotatingLog, ServerProcess
     from supervisor.adapters.sdnotify import Notifier
@@ -106,6 +106,7 @@ async def run_daemon_async(
         preflight=preflight,
         spawner=ServerProcess,
         prober=HealthProber,
+        kv_reader=KvMetricsReader,
         gpu_monitor=gpu.GpuMonitor,
         open_log=RotatingLog,
         start_control=control.serve,

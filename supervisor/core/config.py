@@ -161,6 +161,32 @@ class HealthConfig:
     startup_poll_s: float = field(default=2.0, metadata=_rule("seconds > 0", _positive))
 
 
+def _window(text: str) -> tuple[int, int] | None:
+    """``[policy] climb_window`` as (start, end) minutes after local midnight; (0, 0) for ""
+    (any time); None when malformed. An end before the start wraps past midnight."""
+    if text == "":
+        return (0, 0)
+    parts = text.split("-")
+    if len(parts) != 2:
+        return None
+    out = []
+    for part in parts:
+        hh, sep, mm = part.strip().partition(":")
+        if not (sep and hh.isdigit() and mm.isdigit() and int(hh) < 24 and int(mm) < 60):
+            return None
+        out.append(int(hh) * 60 + int(mm))
+    return (out[0], out[1]) if out[0] != out[1] else None
+
+
+def in_window(text: str, minute: int) -> bool:
+    """Whether ``minute`` (after local midnight) lies in ``[policy] climb_window``."""
+    window = _window(text)
+    if window is None or window == (0, 0):
+        return window is not None
+    start, end = window
+    return start <= minute < end if start < end else minute >= start or minute < end
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
     fraction_ladder: tuple[float, ...] = field(
@@ -180,6 +206,18 @@ class PolicyConfig:
     max_crashes: int = field(default=5, metadata=_rule("an integer >= 1", lambda v: v >= 1))
     crash_window_s: float = field(default=3600.0, metadata=_rule("seconds > 0", _positive))
     hicache_min_gb: int = field(default=8, metadata=_rule("an integer >= 1", lambda v: v >= 1))
+    # The climb back up (docs/capacity.md): off unless asked for.
+    climb: bool = field(default=False, metadata=_rule("true or false"))
+    climb_step: float = field(default=0.01, metadata=_rule("a share between 0.001 and 0.1", lambda v: 0.001 <= v <= 0.1))
+    climb_margin_gb: float = field(default=1.0, metadata=_rule("GB >= 0", _non_negative))
+    climb_ceiling: float = field(
+        default=0.0, metadata=_rule("0 (the ladder's top) or a number between 0 and 1", lambda v: v == 0 or _fraction(v)),
+    )
+    climb_window: str = field(default="", metadata=_rule('"" (any time) or "HH:MM-HH:MM", local time', lambda v: _window(v) is not None))
+    climb_interval_s: float = field(default=3600.0, metadata=_rule("seconds > 0", _positive))
+    probation_s: float = field(default=1800.0, metadata=_rule("seconds > 0", _positive))
+    kv_pressure_every_s: float = field(default=60.0, metadata=_rule("seconds > 0", _positive))
+    kv_usage_high: float = field(default=0.95, metadata=_rule("a share between 0 and 1", _share))
 
 
 @dataclass(frozen=True, slots=True)

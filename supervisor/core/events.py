@@ -316,6 +316,70 @@ class Recovered(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Recommended(Event):
+    """The memory model's recommended fraction changed (docs/capacity.md): ``fraction``
+    None with what is ``missing``, or f* with its arithmetic in ``words``."""
+
+    kind = "recommended_fraction"
+    fraction: float | None
+    mem_fraction_static: float | None  # the current one
+    kv_tokens_now: int | None
+    kv_tokens_at: int | None
+    headroom_gb: float | None
+    rank: str
+    missing: str
+    words: str
+    points: int  # launches (distinct fractions) the model holds
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KvPressureSeen(Event):
+    """SGLang's KV pool ran short while serving (rate-limited: ``signals`` since the last
+    one). Not a crash: the sign that a higher fraction would pay."""
+
+    kind = "kv_pressure"
+    source: str  # retraction | metrics
+    detail: str
+    signals: int
+    mem_fraction_static: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Climbed(Event):
+    """A planned, drained restart at a higher fraction ([policy] climb)."""
+
+    kind = "climb"
+    alert = "climb"
+    severity = "info"
+    mem_fraction_before: float | None
+    mem_fraction_static: float
+    kv_tokens_gain: float | None  # share: 0.19 is +19 %
+    words: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClimbFellBack(Event):
+    """The higher fraction failed within its probation: back to the last stable one, which
+    stays the ceiling for this model."""
+
+    kind = "climb_fell_back"
+    alert = "climb_fell_back"
+    severity = "warning"
+    mem_fraction_failed: float | None
+    mem_fraction_static: float | None  # the last stable one, relaunched now
+    cause: Cause
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClimbKept(Event):
+    """The higher fraction served through its probation."""
+
+    kind = "climb_kept"
+    mem_fraction_static: float | None
+    probation_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StartupFactsEvent(Event):
     kind = "startup_facts"
     ranks: dict[str, Json]

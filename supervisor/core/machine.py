@@ -8,19 +8,23 @@ daemon feeds events and carries out the actions. Every edge is named in a commen
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import replace
 from typing import Any
 
+from supervisor.core import capacity, policy
 from supervisor.core import events as ev
-from supervisor.core import policy
 from supervisor.core.argv import build_argv
-from supervisor.core.config import unit_name
+from supervisor.core.capacity import rank_gpus
+from supervisor.core.config import in_window, unit_name
 from supervisor.core.fleet import FleetOom
 from supervisor.core.group import GROUP_STOP
 from supervisor.core.messages import (
     Action,
+    AskClimb,
     Boot,
     CancelTimer,
+    ClimbAllowed,
     ConfigChanged,
     Ctx,
     Diagnose,
@@ -34,11 +38,14 @@ from supervisor.core.messages import (
     FleetAdvice,
     FleetShare,
     FleetShared,
+    GpuFree,
     GpuLost,
     GroupEnded,
     GroupGaveUp,
     GroupLaunch,
     GroupReport,
+    KvPressure,
+    KvSample,
     Launch,
     Launched,
     LaunchFailed,
@@ -119,7 +126,7 @@ def _launch(core: Core, ctx: Ctx, reason: str) -> tuple[Core, list[Action]]:
 
 
 def _cancel_run_timers() -> list[Action]:
-    return [CancelTimer(t) for t in (Timer.PROBE, Timer.STARTUP, Timer.SILENCE, Timer.STABLE)]
+    return [CancelTimer(t) for t in (Timer.PROBE, Timer.STARTUP, Timer.SILENCE, Timer.STABLE, Timer.PROBATION)]
 
 
 def _prepare(core: Core, reason: str) -> tuple[Core, list[Action]]:
@@ -247,6 +254,19 @@ def _after_failure(
             )
             pending = (*pending, lesson)[-FLEET_PENDING_LIMIT:]
             share = [FleetShare(pending)]
+    fell_back: list[Action] = []
+    if cause is Cause.CLIMB and core.climb_to is not None and not decision.give_up:
+        # the climb: relaunched at once at the higher fraction, on probation from the last stable one
+        decision = replace(decision, fraction=core.climb_to)
+        core = replace(core, climb_to=None, climb_from=before)
+    elif (core.climb_from is not None and core.climb_at is not None and diagnosis.remedy is Remedy.FRACTION_DOWN
+          and ctx.now - core.climb_at <= cfg.policy.probation_s and not decision.give_up):
+        # the higher fraction failed on probation: back to the last stable one at once; the
+        # failed one is a ceiling from now on (oom_fractions, shared with the fleet)
+        decision = replace(decision, fraction=core.climb_from, delay_s=0.0)
+        fell_back = [Emit(ev.ClimbFellBack(mem_fraction_failed=before, mem_fraction_static=core.climb_from,
+                                           cause=cause))]
+        core = replace(core, climb_from=None)
     next_fraction = None if decision.give_up else decision.fraction
     record = _crash_record(core, ctx, diagnosis, status.describe() if status else "stopped by the supervisor",
                            next_fraction)
@@ -274,7 +294,7 @@ def _after_failure(
         recovering_from=cause,
         pid=None,
     )
-    crash_events: list[Action] = [crash_event, *share] if counted else share
+    crash_events: list[Action] = [*([crash_event] if counted else []), *share, *fell_back]
     if decision.give_up:
         new, actions = _give_up(core, decision.reason, cause)
         return new, [*crash_events, *actions]
@@ -350,7 +370,7 @@ def _ready(core: Core, ctx: Ctx) -> tuple[Core, list[Action]]:
     startup_s = ctx.now - (ctx.now if core.launched_at is None else core.launched_at)
     new, actions = _transition(
         core, State.READY, "health probe answered 200", ready_at=ctx.now, probe_failures=0,
-        recovering_from=None,
+        recovering_from=None, kv_queue=None,
     )
     ready = ev.ServerReady(
         startup_s=round(startup_s, 3),
@@ -370,8 +390,94 @@ def _ready(core: Core, ctx: Ctx) -> tuple[Core, list[Action]]:
     out += [
         SetTimer(Timer.PROBE, ctx.cfg.health.interval_s),
         SetTimer(Timer.STABLE, ctx.cfg.policy.stable_after_s),
+        Emit(_recommended(new, ctx)),
     ]
+    if new.climb_from is not None and new.climb_at is not None:
+        out.append(SetTimer(Timer.PROBATION, max(0.0, ctx.cfg.policy.probation_s - (ctx.now - new.climb_at))))
     return new, out
+
+
+# --- capacity: the memory model, the recommended fraction, the climb (core.capacity) --------
+
+
+def _capacity_key(core: Core, ctx: Ctx) -> str:
+    """The memory model's key: the fleet's (model, SGLang version, GPU, layout, memory flags)
+    when known, else this configuration's launch flags without the fraction (a model that
+    then mispredicts a launch starts afresh: ``MemoryModel.launched``)."""
+    if core.fleet_key:
+        return core.fleet_key
+    argv = build_argv(ctx.cfg, None, core.learned.hicache_size_gb)
+    return "local:" + hashlib.sha256("\0".join(argv).encode()).hexdigest()[:16]
+
+
+def _recommendation(core: Core, ctx: Ctx) -> capacity.Recommendation:
+    p = ctx.cfg.policy
+    ladder = p.fraction_ladder
+    return capacity.recommend(
+        core.learned.capacity, current=core.learned.fraction,
+        floor_gb=ctx.cfg.gpu.headroom_min_gb + p.climb_margin_gb, step=p.climb_step,
+        ceiling=p.climb_ceiling or ladder[0], out_of_memory=core.learned.ceiling_fractions,
+    )
+
+
+def _recommended(core: Core, ctx: Ctx) -> ev.Recommended:
+    rec = _recommendation(core, ctx)
+    return ev.Recommended(
+        fraction=rec.fraction, mem_fraction_static=rec.current, kv_tokens_now=rec.kv_tokens_now,
+        kv_tokens_at=rec.kv_tokens_at, headroom_gb=rec.headroom_gb, rank=rec.rank, missing=rec.missing,
+        words=rec.words(), points=len(core.learned.capacity.points),
+    )
+
+
+def _with_model(core: Core, ctx: Ctx, model: capacity.MemoryModel) -> tuple[Core, list[Action]]:
+    """The model changed: kept, and the recommendation told when it changed."""
+    if model == core.learned.capacity:
+        return core, []
+    new = replace(core, learned=replace(core.learned, capacity=model))
+    before, after = _recommended(core, ctx), _recommended(new, ctx)
+    told = [Emit(after)] if replace(before, points=0) != replace(after, points=0) else []
+    return new, [Persist(), *told]
+
+
+def _learn_launch(core: Core, ctx: Ctx, facts: StartupFacts) -> tuple[Core, list[Action]]:
+    """A launch's start-up facts, once its CUDA graphs are captured on every rank it names."""
+    fraction = core.learned.fraction if core.learned.fraction is not None else facts.mem_fraction_static
+    ranks = facts.ranks.values()
+    if fraction is None or not ranks or any(r.avail_mem_after_capture_gb is None for r in ranks):
+        return core, []
+    return _with_model(core, ctx, core.learned.capacity.launched(_capacity_key(core, ctx), fraction, facts))
+
+
+def _kv_pressure(core: Core, ctx: Ctx, source: str, detail: str) -> tuple[Core, list[Action]]:
+    """A sign that a higher fraction would pay: counted, told at most once per
+    ``kv_pressure_every_s`` (with the signals in between), and a climb considered."""
+    core = replace(core, kv_pressure_at=ctx.now, kv_signals=core.kv_signals + 1)
+    out: list[Action] = []
+    if core.kv_told_at is None or ctx.now - core.kv_told_at >= ctx.cfg.policy.kv_pressure_every_s:
+        out.append(Emit(ev.KvPressureSeen(source=source, detail=detail[:300], signals=core.kv_signals,
+                                          mem_fraction_static=core.learned.fraction)))
+        core = replace(core, kv_signals=0, kv_told_at=ctx.now)
+    return core, [*out, *_climb_wanted(core, ctx)]
+
+
+def _climb_wanted(core: Core, ctx: Ctx) -> list[Action]:
+    """[AskClimb(f*)] when a climb would pay and is allowed now (docs/capacity.md): climbing
+    is on; READY for ``stable_after_s`` with KV pressure seen since; f* above the fraction;
+    no climb in ``climb_interval_s`` and none on probation; a server alone only in its window."""
+    cfg = ctx.cfg
+    p = cfg.policy
+    if not p.climb or core.state is not State.READY or core.ready_at is None or core.climb_from is not None:
+        return []
+    if ctx.now - core.ready_at < p.stable_after_s or core.failures:
+        return []
+    if core.kv_pressure_at is None or core.kv_pressure_at < core.ready_at:
+        return []
+    if core.climb_at is not None and ctx.now - core.climb_at < p.climb_interval_s:
+        return []
+    if not cfg.router.enabled and (ctx.local_minute is None or not in_window(p.climb_window, ctx.local_minute)):
+        return []
+    rec = _recommendation(core, ctx)
+    return [AskClimb(rec.fraction)] if rec.higher() and rec.fraction is not None else []
 
 
 def _fleet_advice(core: Core, advice: FleetAdvice, ctx: Ctx) -> tuple[Core, list[Action]]:
@@ -608,7 +714,8 @@ def _step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
         case TimerFired(name=Timer.PROBE) if s is State.READY:
             # Fixed rate while serving, whatever each probe takes: a hang is then caught
             # after interval x failures + timeout, not failures x (interval + timeout).
-            return core, [Probe(), SetTimer(Timer.PROBE, cfg.health.interval_s)]
+            return core, [Probe(read_kv=capacity.METRICS_FLAG in cfg.server.extra_args),
+                          SetTimer(Timer.PROBE, cfg.health.interval_s)]
 
         case ProbeResult(ok=True) if s is State.STARTING:
             return _ready(core, ctx)
@@ -641,8 +748,9 @@ def _step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
                     Emit(ev.FractionLearned(mem_fraction_static=facts.mem_fraction_static,
                                             source="sglang server_args")),
                 ]
+            core, learned_model = _learn_launch(core, ctx, facts)
             new, actions = _check_headroom(replace(core, facts=facts), ctx, facts)
-            return new, [*learned_now, *actions]
+            return new, [*learned_now, *learned_model, *actions]
 
         case TimerFired(name=Timer.STARTUP) if s is State.STARTING:
             # STARTING -> RESTARTING: the hard cap, progress or not
@@ -661,7 +769,43 @@ def _step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
             return _stop_to_relaunch(core, ctx, Cause.STARTUP_TIMEOUT, why, cfg.server.stop_grace_s)
 
         case TimerFired(name=Timer.STABLE) if s is State.READY:
-            return replace(core, failures=0), [Emit(ev.Stable(after_s=cfg.policy.stable_after_s))]
+            core = replace(core, failures=0)
+            return core, [Emit(ev.Stable(after_s=cfg.policy.stable_after_s)), *_climb_wanted(core, ctx)]
+
+        case TimerFired(name=Timer.PROBATION) if s is State.READY and core.climb_from is not None:
+            kept = ev.ClimbKept(mem_fraction_static=core.learned.fraction, probation_s=cfg.policy.probation_s)
+            return replace(core, climb_from=None), [Emit(kept)]
+
+        case GpuFree(least_free_gb=free) if s is State.READY and core.learned.fraction is not None:
+            model = core.learned.capacity
+            positions = rank_gpus(model.ranks())
+            seen = {rank: free[i] for rank, i in positions.items() if i < len(free)}
+            return _with_model(core, ctx, model.served(core.learned.fraction, seen))
+
+        case KvSample(token_usage=usage, queue=queue) if s is State.READY:
+            # the pool nearly full while the queue grows: requests wait for KV, a crash it is not
+            grew = core.kv_queue is not None and queue > core.kv_queue
+            core = replace(core, kv_queue=queue)
+            if usage < cfg.policy.kv_usage_high or not grew:
+                return core, []
+            return _kv_pressure(core, ctx, "metrics", f"token_usage {usage:.2f}, #queue-req {queue}")
+
+        case KvPressure(source=source, detail=detail) if s is State.READY:
+            return _kv_pressure(core, ctx, source, detail)
+
+        case KvPressure() | KvSample():
+            return core, []
+
+
+        case ClimbAllowed(fraction=fraction) if s is State.READY and _climb_wanted(core, ctx) == [AskClimb(fraction)]:
+            # READY -> RESTARTING: drained, relaunched at once at the higher fraction
+            rec = _recommendation(core, ctx)
+            words = f"{core.learned.fraction:g} -> {fraction:g}: {rec.words()}"
+            new, actions = _stop_to_relaunch(replace(core, climb_to=fraction, climb_at=ctx.now), ctx, Cause.CLIMB,
+                                             words, cfg.server.stop_grace_s)
+            climbed = ev.Climbed(mem_fraction_before=core.learned.fraction, mem_fraction_static=fraction,
+                                 kv_tokens_gain=None if rec.gain is None else round(rec.gain, 4), words=rec.words())
+            return new, [Emit(climbed), *actions]
 
         case TimerFired(name=Timer.BACKOFF) if s is State.BACKOFF:
             # BACKOFF -> PREPARING
@@ -693,7 +837,7 @@ def _step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
             # timeout). A planned stop (an operator's restart, a step-down on headroom, a
             # daemon stop, giving up) reads nothing.
             read = s is State.EXITED or (
-                s is State.RESTARTING and core.pending not in (Cause.OPERATOR_RESTART, Cause.HEADROOM_LOW)
+                s is State.RESTARTING and core.pending not in (Cause.OPERATOR_RESTART, Cause.HEADROOM_LOW, Cause.CLIMB)
             )
             return core, [Diagnose(read_log=read, phase=core.phase)]
 
@@ -707,7 +851,7 @@ def _step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
             cause = core.pending or Cause.OTHER
             return _after_failure(
                 core, ctx, diagnosis=_ours(core), status=None,
-                immediate=cause in (Cause.HEADROOM_LOW, Cause.OPERATOR_RESTART),
+                immediate=cause in (Cause.HEADROOM_LOW, Cause.OPERATOR_RESTART, Cause.CLIMB),
                 log_diagnosis=diagnosis,
             )
 

@@ -163,6 +163,41 @@ class FleetAdvice:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuFree:
+    """The least free memory of each of the server's GPUs (GB, in the order the server sees
+    them) since its launch, sent when one of them fell lower: the peak the forward passes
+    reached, as NVML sees it (PyTorch's caching allocator keeps what it reserved)."""
+
+    least_free_gb: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class KvPressure:
+    """SGLang said its KV pool ran short: it retracted requests (``retraction``), or its
+    ``/metrics`` showed the pool nearly full with a queue that grew (``metrics``)."""
+
+    source: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class KvSample:
+    """SGLang's ``/metrics`` read with a probe: the KV pool's highest token usage (0..1)
+    and the requests waiting in its queue."""
+
+    token_usage: float
+    queue: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClimbAllowed:
+    """The shell's answer to ``AskClimb``: another server takes the traffic meanwhile (behind
+    the router), or the server is alone and the core's window holds."""
+
+    fraction: float
+
+
+@dataclass(frozen=True, slots=True)
 class FleetShared:
     """These lessons are in the fleet's record now."""
 
@@ -172,7 +207,8 @@ class FleetShared:
 Event = (
     Boot | Prepared | PrepareFailed | Launched | LaunchFailed | ProbeResult | FactsUpdated
     | Died | Diagnosed | TimerFired | GpuLost | StopRequested | ConfigChanged
-    | RestartRequested | GroupLaunch | GroupEnded | GroupGaveUp | FleetAdvice | FleetShared
+    | RestartRequested | GroupLaunch | GroupEnded | GroupGaveUp | FleetAdvice | FleetShared | GpuFree | KvPressure | KvSample
+    | ClimbAllowed
 )
 
 
@@ -243,7 +279,10 @@ class Emit:
 
 @dataclass(frozen=True, slots=True)
 class Probe:
-    """Probe the server's health endpoint now and report a ``ProbeResult``."""
+    """Probe the server's health endpoint now and report a ``ProbeResult``; with
+    ``read_kv``, read SGLang's ``/metrics`` too and report a ``KvSample``."""
+
+    read_kv: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,9 +323,17 @@ class FleetShare:
     entries: tuple[FleetOom, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class AskClimb:
+    """The core would climb to ``fraction`` now: the shell answers ``ClimbAllowed`` when no
+    request would be lost (behind the router, only while another server serves)."""
+
+    fraction: float
+
+
 Action = (
     Prepare | Launch | StopServer | Diagnose | SetTimer | CancelTimer | Emit | Probe | Persist | Exit | RouterAdd | RouterRemove
-    | GroupReport | FleetShare
+    | GroupReport | FleetShare | AskClimb
 )
 
 
@@ -298,3 +345,4 @@ class Ctx:
     cfg: Config
     rng: random.Random
     wall_time: str = ""  # RFC 3339, only for the history shown to people
+    local_minute: int | None = None  # minutes after local midnight ([policy] climb_window)

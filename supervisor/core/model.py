@@ -63,6 +63,7 @@ class Cause(enum.StrEnum):
     STARTUP_TIMEOUT = ("startup_timeout", Remedy.RESTART, "a startup that took too long")
     PREFLIGHT_FAILED = ("preflight_failed", Remedy.RESTART, "a failed preflight check")
     OPERATOR_RESTART = ("operator_restart", Remedy.RESTART, "a restart an operator asked for")
+    CLIMB = ("climb", Remedy.RESTART, "a climb to a higher fraction")
 
     @property
     def restartable(self) -> bool:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from supervisor.core.capacity import MemoryModel
 from supervisor.core.config import Config
 from supervisor.core.fleet import FleetOom
 from supervisor.core.model import Cause, Phase, Remedy, StartupFacts, State
@@ -27,6 +28,7 @@ class Timer(enum.StrEnum):
     SILENCE = "silence"  # a start that printed nothing for too long
     BACKOFF = "backoff"  # the restart delay after a crash
     STABLE = "stable"  # serving long enough to forget the crash streak
+    PROBATION = "probation"  # a climb's higher fraction served long enough to keep it
 
 
 # --- learned state (persisted) ------------------------------------------------------------
@@ -123,6 +125,7 @@ class Learned:
     restarts: int = 0
     fleet_pending: tuple[FleetOom, ...] = ()  # OOMs the fleet's record does not hold yet
     fleet: FleetNote | None = None
+    capacity: MemoryModel = MemoryModel()  # what launches showed of memory (core.capacity)
 
     @property
     def ceiling_fractions(self) -> frozenset[float]:
@@ -145,7 +148,7 @@ class Learned:
             return self
         return replace(
             fresh, oom_fractions=self.oom_fractions, history=self.history, restarts=self.restarts,
-            fleet_pending=self.fleet_pending,
+            fleet_pending=self.fleet_pending, capacity=self.capacity,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -156,6 +159,9 @@ class Learned:
         # writes the same state file as before it existed.
         d.pop("fleet_pending", None)
         d.pop("fleet", None)
+        d.pop("capacity", None)
+        if self.capacity.points:
+            d["capacity"] = self.capacity.to_dict()
         if self.fleet_pending:
             d["fleet_pending"] = [{**o.to_dict(), "key": o.key} for o in self.fleet_pending]
         if self.fleet is not None:
@@ -174,6 +180,7 @@ class Learned:
             restarts=int(d.get("restarts", 0)),
             fleet_pending=tuple(FleetOom.from_dict(o) for o in d.get("fleet_pending", [])),
             fleet=None if not d.get("fleet") else FleetNote.from_dict(d["fleet"]),
+            capacity=MemoryModel.from_dict(d["capacity"]) if d.get("capacity") else MemoryModel(),
         )
 
 
@@ -201,6 +208,17 @@ class Core:
     part_died: str = ""  # "sglang::scheduler (pid 12)": a process of the tree that died first
     generation: int = 0  # [group]: the group generation this node runs (or last ran)
     fleet_key: str = ""  # the fleet key of the configuration being launched ("" = not known)
+    # KV pressure while serving (monotonic times): the last signal, signals not yet told,
+    # when the last kv_pressure event went out.
+    kv_pressure_at: float | None = None
+    kv_signals: int = 0
+    kv_told_at: float | None = None
+    kv_queue: int | None = None  # SGLang's queue at the last /metrics reading
+    # The climb ([policy] climb): when the last one began, its target while RESTARTING, and
+    # the last stable fraction while the higher one is on probation.
+    climb_at: float | None = None
+    climb_to: float | None = None
+    climb_from: float | None = None
 
     @classmethod
     def initial(cls, learned: Learned) -> Core:

@@ -268,6 +268,18 @@ def _daily_summary(f: Callable[..., Any], who: str, host: str) -> str:
     return sentence + (f"; open: {', '.join(problems)} - see the report" if problems else "; nothing to do")
 
 
+def _climb(f: Callable[..., Any], who: str, host: str) -> str:
+    gain = f("kv_tokens_gain")
+    tokens = f": {gain * 100:+.0f} % KV tokens" if isinstance(gain, int | float) else ""
+    return (f"{who} raised to {_fraction(f('mem_fraction_static'))} from {_fraction(f('mem_fraction_before'))}"
+            f"{tokens}; drained and relaunched, on probation")
+
+
+def _climb_fell_back(f: Callable[..., Any], who: str, host: str) -> str:
+    return (f"{who} fell back to {_fraction(f('mem_fraction_static'))}: {_fraction(f('mem_fraction_failed'))} "
+            f"failed on probation ({_died_of(f('cause'), None)}); it stays the ceiling, no climb past it")
+
+
 def _drill(f: Callable[..., Any], who: str, host: str) -> str:
     return f"Drill from {who}: the alert path works; no action needed"
 
@@ -285,6 +297,8 @@ WORDING: dict[str, Wording] = {
     "daemon_failed": _daemon_failed,
     "etcd_unreachable": _etcd_unreachable,
     "daily_summary": _daily_summary,
+    "climb": _climb,
+    "climb_fell_back": _climb_fell_back,
     DRILL: _drill,
 }
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as _dt
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -28,10 +29,13 @@ from supervisor.adapters.ports import GpuProbe, Monitor, Ports, Prober, ServerHa
 from supervisor.aio import settled, within
 from supervisor.core import events as ev
 from supervisor.core import machine
+from supervisor.core.capacity import PEAK_STEP_GB
 from supervisor.core.config import Config, alert_instance, unit_name, worker_url
 from supervisor.core.messages import (
     Action,
+    AskClimb,
     CancelTimer,
+    ClimbAllowed,
     ConfigChanged,
     Ctx,
     Diagnose,
@@ -40,6 +44,7 @@ from supervisor.core.messages import (
     Exit,
     FleetShare,
     FleetShared,
+    GpuFree,
     GpuLost,
     GroupReport,
     Launch,
@@ -66,6 +71,9 @@ if TYPE_CHECKING:
     from supervisor.services.grouping import GroupSync
 
 
+GIB = 1024**3
+
+
 def wall_now() -> str:
     return rfc3339(_dt.datetime.now(_dt.UTC))
 
@@ -80,6 +88,8 @@ class Host(Protocol):
     def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]: ...
 
     def notify_status(self) -> None: ...
+
+    async def others_serving(self, unit: ServerUnit) -> bool: ...
 
 
 class ServerUnit:
@@ -127,6 +137,8 @@ class ServerUnit:
         self._router_removal: asyncio.Task[Any] | None = None
         self._group: GroupSync | None = None  # [group]: this node's part of the group
         self._fleet: FleetSync | None = None  # [fleet]: the record this server's fleet shares
+        self._least_free: tuple[float, ...] = ()  # GB per GPU since the launch (``_gpu_said``)
+        self._least_free_launch: str | None = None
 
     @property
     def server(self) -> ServerHandle | None:
@@ -144,7 +156,9 @@ class ServerUnit:
         in order; the followers hear of a new state, pid or generation."""
         old = self.core
         assert old is not None
-        ctx = Ctx(now=asyncio.get_running_loop().time(), cfg=self.cfg, rng=self.p.rng, wall_time=wall_now())
+        local = time.localtime()
+        ctx = Ctx(now=asyncio.get_running_loop().time(), cfg=self.cfg, rng=self.p.rng, wall_time=wall_now(),
+                  local_minute=local.tm_hour * 60 + local.tm_min)
         self.core, actions = machine.step(old, event, ctx)
         for action in actions:
             self._do(action)
@@ -186,9 +200,11 @@ class ServerUnit:
                 self._answer(self.prep.run(self.cfg, fraction), "prepare")
             case Launch() as launch:
                 self._answer(life.launch(launch), "launch")
-            case Probe():
+            case Probe(read_kv=read_kv):
                 starting = self.core is not None and self.core.state is State.STARTING
-                self._answer(life.probe(starting=starting, tree_grew=self._persist), "probe")
+                self._answer(life.probe(starting=starting, tree_grew=self._persist, read_kv=read_kv), "probe")
+            case AskClimb(fraction=fraction):
+                self._answer(self._climb_allowed(fraction), "climb")
             case StopServer(grace_s=grace, reason=reason, mode=mode):
                 self._answer(life.stop(grace, reason, mode, out_of_router=self._router_removed), "stop")
             case Diagnose(read_log=read_log, phase=phase):
@@ -207,6 +223,28 @@ class ServerUnit:
             case FleetShare(entries=entries):
                 if self._fleet is not None:
                     self._fleet.share(entries)
+
+    async def _climb_allowed(self, fraction: float) -> ClimbAllowed | None:
+        """A climb drains this server: behind the router, only while another one serves."""
+        if self._router is None or await self.host.others_serving(self):
+            return ClimbAllowed(fraction)
+        return None
+
+    def _gpu_said(self, event: ev.Event) -> None:
+        """The GPU monitor's news, out to the sinks; while serving, each GPU's least free
+        memory since the launch goes to the core when it fell lower (by ``PEAK_STEP_GB``)."""
+        self.emit(event)
+        core = self.core
+        if not isinstance(event, ev.GpuSample) or core is None or core.state is not State.READY:
+            return
+        launch = self.life.nonce
+        if launch != self._least_free_launch:
+            self._least_free_launch, self._least_free = launch, ()
+        free = tuple(int(g["free_bytes"]) / GIB for g in event.gpus)
+        least = free if len(self._least_free) != len(free) else tuple(map(min, free, self._least_free))
+        if not self._least_free or any(new < old - PEAK_STEP_GB for new, old in zip(least, self._least_free, strict=True)):
+            self._least_free = least
+            self.post(GpuFree(tuple(round(x, 3) for x in least)))
 
     def _answer(self, work: Awaitable[Any], name: str) -> None:
         """Run ``work`` in a task and post what it returns: an event, a list of them, or
@@ -293,7 +331,7 @@ class ServerUnit:
         if cfg.gpu.backend != "none":
             self._gpu_monitor = p.gpu_monitor(
                 self.gpu_probe, interval_s=cfg.gpu.interval_s, low_free_bytes=int(cfg.gpu.low_free_warn_gb * 1024**3),
-                emit=self.emit, on_lost=lambda exc: self.post(GpuLost(str(exc))),
+                emit=self._gpu_said, on_lost=lambda exc: self.post(GpuLost(str(exc))),
             )
             self._spawn(self._gpu_monitor.run(), "gpu-monitor")
         if cfg.router.enabled and p.router is not None:

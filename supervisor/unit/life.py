@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import time
@@ -20,9 +21,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from supervisor.adapters.ports import Ports, Prober, ProcessError, ServerHandle
+from supervisor.adapters.ports import KvReader, Ports, Prober, ProcessError, ServerHandle
 from supervisor.aio import settled, within
 from supervisor.core import events as ev
+from supervisor.core.capacity import RETRACTION_WORDS
 from supervisor.core.config import Config, http_url
 from supervisor.core.diagnosis import diagnose
 from supervisor.core.messages import (
@@ -30,6 +32,8 @@ from supervisor.core.messages import (
     Died,
     Event,
     FactsUpdated,
+    KvPressure,
+    KvSample,
     Launch,
     Launched,
     LaunchFailed,
@@ -44,6 +48,8 @@ if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
 KERNEL_LOG_TAIL = 256 * 1024
+SPOTTED = tuple(words.encode() for _, words in RETRACTION_WORDS)  # read while serving
+SPOT_EVERY_S = 1.0  # a retraction told at most once a second (SGLang may retract every step)
 NOTHING_RAN = ExitStatus(code=None)
 
 Spawn = Callable[[Awaitable[Any], str], "asyncio.Task[Any]"]
@@ -78,10 +84,13 @@ class ServerLife:
         self._launching: asyncio.Task[Any] | None = None
         self._watch: asyncio.Task[ExitStatus] | None = None
         self._probes: set[asyncio.Task[Any]] = set()
+        self._kv: KvReader | None = None
+        self._spotted_at = -math.inf
 
     def reload(self, cfg: Config) -> None:
         self.cfg = cfg
         self._prober = None  # a changed port or path is probed from the next probe on
+        self._kv = None
 
     # -- spawn ------------------------------------------------------------------------------
 
@@ -114,6 +123,7 @@ class ServerLife:
         self._facts = StartupFactsParser()
         server.on_line = self._on_line
         server.on_part_died = lambda pid, title: self._post(Died(None, pid, title))
+        server.spotted, server.on_spotted = SPOTTED, self._on_spotted  # once start-up is over
         self._emit(ev.ServerLaunched(
             argv=tuple(launch.argv), mem_fraction_static=launch.fraction, hicache_size_gb=launch.hicache_size_gb,
             attempt=launch.attempt, pid=server.pid, rung=launch.rung, launch_id=self.nonce,
@@ -128,6 +138,12 @@ class ServerLife:
         self._post(FactsUpdated(parser.facts))
         if parser.facts.ready and self.server is not None:
             self.server.on_line = None  # start-up is over: stop parsing lines
+
+    def _on_spotted(self, line: str) -> None:
+        now = time.monotonic()
+        if now - self._spotted_at >= SPOT_EVERY_S:
+            self._spotted_at = now
+            self._post(KvPressure("retraction", line[-300:]))
 
     def mark_ready(self) -> None:
         """The server is READY: what its log holds now did not kill it while serving."""
@@ -178,7 +194,7 @@ class ServerLife:
         s = self.cfg.server
         return self.p.prober(http_url(s.host, s.port, self.cfg.health.path), self.cfg.health.timeout_s)
 
-    async def probe(self, *, starting: bool, tree_grew: Callable[[], None]) -> ProbeResult:
+    async def probe(self, *, starting: bool, tree_grew: Callable[[], None], read_kv: bool = False) -> list[Event]:
         """The health answer; while starting, counted only when our tree holds the port.
         Each probe also looks for new parts of the tree (``tree_grew`` when it found some:
         their pids and create times prove them ours after a daemon crash)."""
@@ -202,7 +218,15 @@ class ServerLife:
             ok, detail = await asyncio.to_thread(self._port_is_ours, server)
         self._emit(ev.ProbeAnswered(ok=ok, duration_s=round(outcome.duration_s, 4), status=outcome.status,
                                     error=None if ok else detail))
-        return ProbeResult(ok, detail)
+        result: list[Event] = [ProbeResult(ok, detail)]
+        if read_kv and ok and self.p.kv_reader is not None:
+            if self._kv is None:
+                s = self.cfg.server
+                self._kv = self.p.kv_reader(http_url(s.host, s.port, "/metrics"), self.cfg.health.timeout_s)
+            reading = await self._kv.read()
+            if reading is not None:
+                result.append(KvSample(*reading))
+        return result
 
     def _port_is_ours(self, server: ServerHandle) -> tuple[bool, str]:
         """(True, "") when a process of our server's tree listens on the port (blocking)."""
@@ -246,6 +270,8 @@ class ServerLife:
             await self.server.close()
         if self._prober is not None:
             await self._prober.aclose()
+        if self._kv is not None:
+            await self._kv.aclose()
         self._facts = None
 
     # -- what the state file keeps ----------------------------------------------------------

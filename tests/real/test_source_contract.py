@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.adapters.health import QUEUE_REQS, TOKEN_USAGE
+from supervisor.core.capacity import RETRACTION_WORDS
 from supervisor.core.diagnosis import RULES
 from supervisor.core.startup_facts import SOURCE_PATTERNS
 
@@ -88,3 +90,22 @@ def test_startup_facts_sglang_line_is_in_sglang_source(marker: str, literals: tu
     assert literals, f"{marker}: an sglang pattern must record the literal text to find"
     missing = [lit for lit in literals if lit not in text]
     assert not missing, f"{marker}: {missing} not in SGLang {_version()}'s source"
+
+
+@pytest.mark.parametrize("words", [w for origin, w in RETRACTION_WORDS if origin == "sglang"])
+def test_kv_pressure_words_are_in_sglang_source(words: str) -> None:
+    """The retraction line read while serving (core.capacity.RETRACTION_WORDS) is SGLang's,
+    and so are the two gauges read from its /metrics."""
+    text, _ = _source()
+    assert words in text, f"{words!r} not in SGLang {_version()}'s source"
+    for gauge in (TOKEN_USAGE, QUEUE_REQS):
+        assert f'name="{gauge.decode()}"' in text, f"{gauge!r}: not a metric of SGLang {_version()}"
+
+
+def test_legacy_kv_pressure_words_are_not_claimed_as_current() -> None:
+    """Words marked sglang-legacy are older releases': if the installed one prints them
+    again, they are current and belong to the checked set."""
+    text, _ = _source()
+    for origin, words in RETRACTION_WORDS:
+        if origin == "sglang-legacy":
+            assert words not in text, f"{words!r} is in SGLang {_version()}: mark it 'sglang'"
