@@ -352,3 +352,29 @@ def test_probes_read_sglang_metrics_only_when_it_serves_them() -> None:
                                               "extra_args": ["--enable-metrics"]}}))
     metrics.launch_to_ready()
     assert [a for a in metrics.send(TimerFired(Timer.PROBE), after=10.0) if isinstance(a, Probe)] == [Probe(read_kv=True)]
+
+
+def test_without_cuda_graphs_the_memory_left_after_the_pool_counts_once_ready() -> None:
+    """The CPU (and --disable-cuda-graph) captures nothing: the pool's line is the last word,
+    but only once the server is ready (before, a capture line may still come)."""
+    from supervisor.core.capacity import left_after_start
+
+    ranks = {"main": RankFacts("main", avail_mem_after_pool_gb=20.46, kv_cache_tokens=4096)}
+    assert left_after_start(StartupFacts(ranks=ranks, progress="kv_pool")) == {}
+    ready = StartupFacts(ranks=ranks, progress="ready", ready=True)
+    assert left_after_start(ready) == {"main": 20.46}
+    assert [p.kv_tokens for p in MemoryModel().launched(KEY, 0.2, ready).points] == [4096]
+
+
+def test_until_the_model_can_say_a_climb_is_one_step_up_and_never_past_a_ceiling() -> None:
+    """One fraction known (or no serving peak): one ``climb_step`` up, which also gives the
+    model its second point; never to or past a fraction that ran out of memory."""
+    server = Server(cfg(climb=True))
+    server.launch_to_ready()
+    server.send(TimerFired(Timer.STABLE), after=600.0)
+    assert [a for a in server.send(KvPressure("retraction", "x"), after=1.0) if isinstance(a, AskClimb)] == [AskClimb(0.89)]
+    walled = Server(cfg(climb=True))
+    walled.core = Core.initial(Learned(0.88, 0, 0.88, 0, oom_fractions=frozenset({0.89})))
+    walled.launch_to_ready()
+    walled.send(TimerFired(Timer.STABLE), after=600.0)
+    assert not [a for a in walled.send(KvPressure("retraction", "x"), after=1.0) if isinstance(a, AskClimb)]

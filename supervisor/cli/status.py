@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import IO
+from typing import IO, Any
 
 from supervisor.core.config import Config, select_server, unit_name
+from supervisor.core.state import Learned
 
 
 def status(cfg: Config, *, server: str | None = None, as_json: bool = False, out: IO[str] | None = None) -> int:
@@ -48,7 +49,7 @@ def _status(cfg: Config, *, as_json: bool, out: IO[str]) -> int:
         return 0
     learned = data.get("learned", {})
     if as_json:
-        print(json.dumps({"running": running, **data}, indent=1), file=out)
+        print(json.dumps({"running": running, **data, "recommended": _recommended(cfg, learned)}, indent=1), file=out)
         return 0
     state = data.get("state", "?")
     print(f"instance:  {cfg.name}  (daemon {'running, pid ' + str(data.get('daemon_pid')) if running else 'not running'})", file=out)
@@ -62,6 +63,9 @@ def _status(cfg: Config, *, as_json: bool, out: IO[str]) -> int:
         file=out,
     )
     print(f"hicache:   {learned.get('hicache_size_gb')} GB per rank   restarts: {learned.get('restarts', 0)}", file=out)
+    capacity = _capacity_line(cfg, learned)
+    if capacity:
+        print(f"capacity:  {capacity}", file=out)
     fleet_line = _fleet_line(learned)
     if fleet_line:
         print(f"fleet:     {fleet_line}", file=out)
@@ -80,6 +84,33 @@ def _status(cfg: Config, *, as_json: bool, out: IO[str]) -> int:
         for r in rows:
             print("  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)), file=out)
     return 0
+
+
+def _learned(learned: dict[str, Any]) -> Learned | None:
+    try:
+        return Learned.from_dict(learned)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _recommended(cfg: Config, learned: dict[str, Any]) -> dict[str, Any] | None:
+    known = _learned(learned)
+    if known is None:
+        return None
+    rec = known.recommendation(cfg)
+    return {"fraction": rec.fraction, "current": rec.current, "kv_tokens_now": rec.kv_tokens_now,
+            "kv_tokens_at": rec.kv_tokens_at, "headroom_gb": rec.headroom_gb, "rank": rec.rank,
+            "missing": rec.missing, "words": rec.words()}
+
+
+def _capacity_line(cfg: Config, learned: dict[str, Any]) -> str:
+    """The memory model's recommended fraction with its arithmetic (docs/capacity.md)."""
+    known = _learned(learned)
+    if known is None:
+        return ""
+    points = ", ".join(f"{p.fraction:g}" for p in sorted(known.capacity.points, key=lambda p: p.fraction))
+    seen = f"  (launches at {points})" if points else ""
+    return known.recommendation(cfg).words() + seen
 
 
 def _fleet_line(learned: dict[str, object]) -> str:

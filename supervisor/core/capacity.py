@@ -68,6 +68,19 @@ def rank_gpus(ranks: Iterable[str]) -> dict[str, int]:
     return {name: n - first for name, n in tp.items() if numbers.count(n) == 1}
 
 
+def left_after_start(facts: StartupFacts) -> dict[str, float]:
+    """Per rank, the memory a finished start left: after CUDA-graph capture, or, where no
+    graphs were captured (``--disable-cuda-graph``, the CPU), after the KV pool once the
+    server is ready. Empty while a start is still under way or a rank's figure is missing."""
+    ranks = facts.ranks.values()
+    if all(r.avail_mem_after_capture_gb is not None for r in ranks):
+        return {r.rank: r.avail_mem_after_capture_gb for r in ranks if r.avail_mem_after_capture_gb is not None}
+    if facts.ready and all(r.avail_mem_after_capture_gb is None and r.avail_mem_after_pool_gb is not None
+                           for r in ranks):
+        return {r.rank: r.avail_mem_after_pool_gb for r in ranks if r.avail_mem_after_pool_gb is not None}
+    return {}
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryPoint:
     """What one launch at ``fraction`` showed: its KV tokens and, per rank, the memory left
@@ -128,8 +141,7 @@ class MemoryModel:
     def launched(self, key: str, fraction: float, facts: StartupFacts) -> MemoryModel:
         """With a launch's start-up facts (unchanged when they are incomplete). A new key,
         or facts the model mispredicts (an upgrade the key did not name), start afresh."""
-        avail = {r.rank: r.avail_mem_after_capture_gb for r in facts.ranks.values()
-                 if r.avail_mem_after_capture_gb is not None}
+        avail = left_after_start(facts)
         tokens = facts.kv_cache_tokens or facts.max_total_num_tokens
         if not avail or tokens is None:
             return self

@@ -410,18 +410,8 @@ def _capacity_key(core: Core, ctx: Ctx) -> str:
     return "local:" + hashlib.sha256("\0".join(argv).encode()).hexdigest()[:16]
 
 
-def _recommendation(core: Core, ctx: Ctx) -> capacity.Recommendation:
-    p = ctx.cfg.policy
-    ladder = p.fraction_ladder
-    return capacity.recommend(
-        core.learned.capacity, current=core.learned.fraction,
-        floor_gb=ctx.cfg.gpu.headroom_min_gb + p.climb_margin_gb, step=p.climb_step,
-        ceiling=p.climb_ceiling or ladder[0], out_of_memory=core.learned.ceiling_fractions,
-    )
-
-
 def _recommended(core: Core, ctx: Ctx) -> ev.Recommended:
-    rec = _recommendation(core, ctx)
+    rec = core.learned.recommendation(ctx.cfg)
     return ev.Recommended(
         fraction=rec.fraction, mem_fraction_static=rec.current, kv_tokens_now=rec.kv_tokens_now,
         kv_tokens_at=rec.kv_tokens_at, headroom_gb=rec.headroom_gb, rank=rec.rank, missing=rec.missing,
@@ -442,8 +432,7 @@ def _with_model(core: Core, ctx: Ctx, model: capacity.MemoryModel) -> tuple[Core
 def _learn_launch(core: Core, ctx: Ctx, facts: StartupFacts) -> tuple[Core, list[Action]]:
     """A launch's start-up facts, once its CUDA graphs are captured on every rank it names."""
     fraction = core.learned.fraction if core.learned.fraction is not None else facts.mem_fraction_static
-    ranks = facts.ranks.values()
-    if fraction is None or not ranks or any(r.avail_mem_after_capture_gb is None for r in ranks):
+    if fraction is None or not capacity.left_after_start(facts):
         return core, []
     return _with_model(core, ctx, core.learned.capacity.launched(_capacity_key(core, ctx), fraction, facts))
 
@@ -476,8 +465,19 @@ def _climb_wanted(core: Core, ctx: Ctx) -> list[Action]:
         return []
     if not cfg.router.enabled and (ctx.local_minute is None or not in_window(p.climb_window, ctx.local_minute)):
         return []
-    rec = _recommendation(core, ctx)
-    return [AskClimb(rec.fraction)] if rec.higher() and rec.fraction is not None else []
+    rec = core.learned.recommendation(ctx.cfg)
+    if rec.fraction is not None:
+        return [AskClimb(rec.fraction)] if rec.higher() else []
+    # The model cannot say yet (one fraction known, or no serving peak): one step up, on
+    # probation like any climb, which also gives the model its second point.
+    current = core.learned.fraction
+    if current is None:
+        return []
+    up = round(current + p.climb_step, 6)
+    ceiling = p.climb_ceiling or p.fraction_ladder[0]
+    if up > ceiling + 1e-9 or any(up >= c - 1e-9 for c in core.learned.ceiling_fractions):
+        return []
+    return [AskClimb(up)]
 
 
 def _fleet_advice(core: Core, advice: FleetAdvice, ctx: Ctx) -> tuple[Core, list[Action]]:
@@ -799,12 +799,13 @@ def _step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
 
         case ClimbAllowed(fraction=fraction) if s is State.READY and _climb_wanted(core, ctx) == [AskClimb(fraction)]:
             # READY -> RESTARTING: drained, relaunched at once at the higher fraction
-            rec = _recommendation(core, ctx)
-            words = f"{core.learned.fraction:g} -> {fraction:g}: {rec.words()}"
+            rec = core.learned.recommendation(ctx.cfg)
+            why = rec.words() if rec.fraction is not None else f"one step up ({rec.missing})"
+            words = f"{core.learned.fraction:g} -> {fraction:g}: {why}"
             new, actions = _stop_to_relaunch(replace(core, climb_to=fraction, climb_at=ctx.now), ctx, Cause.CLIMB,
                                              words, cfg.server.stop_grace_s)
             climbed = ev.Climbed(mem_fraction_before=core.learned.fraction, mem_fraction_static=fraction,
-                                 kv_tokens_gain=None if rec.gain is None else round(rec.gain, 4), words=rec.words())
+                                 kv_tokens_gain=None if rec.gain is None else round(rec.gain, 4), words=why)
             return new, [Emit(climbed), *actions]
 
         case TimerFired(name=Timer.BACKOFF) if s is State.BACKOFF:

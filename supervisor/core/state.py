@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from supervisor.core.capacity import MemoryModel
+from supervisor.core.capacity import MemoryModel, Recommendation, recommend
 from supervisor.core.config import Config
 from supervisor.core.fleet import FleetOom
 from supervisor.core.model import Cause, Phase, Remedy, StartupFacts, State
@@ -132,6 +132,14 @@ class Learned:
         """Fractions the ladder never climbs back to: ours that ran out of CUDA memory, and the
         fleet's (the same configuration on the same GPU ran out there)."""
         return self.oom_fractions | frozenset(self.fleet.oom_fractions if self.fleet else ())
+
+    def recommendation(self, cfg: Config) -> Recommendation:
+        """The memory model's recommended fraction for this config (docs/capacity.md)."""
+        p = cfg.policy
+        return recommend(
+            self.capacity, current=self.fraction, floor_gb=cfg.gpu.headroom_min_gb + p.climb_margin_gb,
+            step=p.climb_step, ceiling=p.climb_ceiling or p.fraction_ladder[0], out_of_memory=self.ceiling_fractions,
+        )
 
     @classmethod
     def initial(cls, cfg: Config) -> Learned:
