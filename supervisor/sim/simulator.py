@@ -473,7 +473,38 @@ class RankMemory:
 
     @property
     def held_gb(self) -> float:
+        """The static footprint: weights, KV pool and CUDA graphs (activations come on top)."""
         return self.weights_gb + self.kv_gb + self.graph_gb
+
+    def activation_fits(self, activation_bytes: float) -> bool:
+        """Whether one batch's activations fit in what graph capture left (else a CUDA OOM).
+
+        PyTorch's caching allocator reuses the peak it already reserved, so a batch needs
+        ``activation_bytes`` of headroom in all, whatever came before it.
+        """
+        return activation_bytes <= self.headroom_gb * GIB
+
+
+def boundary_fraction(total_gb: float, graph_gb: float, act_bytes_per_token: float, burst_tokens: int, *,
+                      free_gb: float | None = None, version: str = DEFAULT_VERSION) -> float:
+    """The ``--mem-fraction-static`` above which a prefill batch of ``burst_tokens`` OOMs.
+
+    One rank of the simulator, without ``--max-total-tokens``; ``free_gb`` is the card's free
+    memory before loading (the total when nobody else holds any). The headroom left after
+    graph capture is ``free - weights - kv - graph`` with SGLang's ``kv = (free - weights) -
+    base x (1 - fraction)`` (``base`` is ``free`` in 0.5.23, ``total`` in 0.5.6), so the weights
+    cancel: ``headroom = base x (1 - fraction) - graph``, and the batch OOMs when
+    ``burst_tokens x act_bytes_per_token > headroom``:
+
+    ``boundary = 1 - (graph + burst x act / GiB) / base``
+
+    Below the boundary the batch fits; above ``boundary + kv_bytes_per_token / (base x
+    GiB)`` (under 1e-6: the KV pool is a whole number of tokens) it OOMs. The weights decide only
+    whether the server starts at all (``RankMemory.minimum_fraction``). A burst is at most one
+    ``--chunked-prefill-size`` chunk: longer prompts are prefilled a chunk at a time.
+    """
+    base = total_gb if free_gb is None or version == "0.5.6" else free_gb
+    return 1 - (graph_gb + burst_tokens * act_bytes_per_token / GIB) / base
 
 
 # --------------------------------------------------------------------------- log output
@@ -834,6 +865,7 @@ class Scheduler:
         self.generated_since_log = 0
         self.last_log_time = time.monotonic()
         self.stream_outputs = 0  # SGLANG_TEST_CRASH_AFTER_STREAM_OUTPUTS counts these
+        self.peak_act_bytes = 0.0  # the largest activation so far: PyTorch's allocator keeps it reserved
         try:
             self.crash_after = int(os.environ.get(ENV_TEST_CRASH) or 0)
         except ValueError:
@@ -878,7 +910,7 @@ class Scheduler:
             self.log(f"Scheduler hit an exception: {e.traceback}")
             return 1
         self.send({"op": "ready", "pid": os.getpid(), **self.facts()})
-        code = self.serve() if self.rank.leader else _idle_child(self.sock)
+        code = self.serve() if self.rank.leader else self.follow()
         if self.orphan:  # the parent is gone: keep holding the GPU until someone kills us
             while True:
                 signal.pause()
@@ -897,7 +929,7 @@ class Scheduler:
             "token_capacity": m.kv_tokens,
             "graph": round(m.graph_gb, 2),
             "headroom": round(m.headroom_gb, 2),
-            "held_bytes": int(m.held_gb * GIB),
+            "held_bytes": int(m.held_gb * GIB + self.peak_act_bytes),
         }
 
     # -- startup
@@ -1026,6 +1058,19 @@ class Scheduler:
             self.log(f"Capture target decode CUDA graph end. bs=[1, 2, 4, 8, 16, 24, 32], elapsed={capture_s:.2f} s, "
                      f"mem usage={mem.graph_gb:.2f} GB, avail mem={mem.headroom_gb:.2f} GB.")
 
+    def follow(self) -> int:
+        """A TP rank other than 0: runs its leader's batches in real SGLang, so it only follows
+        the leader's activation peaks (relayed by the main process) until the socket closes."""
+        buf = b""
+        while chunk := self.sock.recv(1 << 16):
+            *lines, buf = (buf + chunk).split(b"\n")
+            for line in lines:
+                msg = json.loads(line)
+                if msg["op"] == "peak" and self.mem is not None and msg["bytes"] > self.peak_act_bytes:
+                    self.peak_act_bytes = float(msg["bytes"])
+                    self.write_gpu(self.mem.held_gb + self.peak_act_bytes / GIB)
+        return 0
+
     # -- serving (leaders only)
 
     def serve(self) -> int:
@@ -1080,6 +1125,19 @@ class Scheduler:
     def used_tokens(self) -> int:
         return sum(r.tokens + r.generated for r in self.running)
 
+    def note_activation(self, activation: float) -> None:
+        """A batch's activations: a CUDA OOM when they don't fit the headroom; a new peak is
+        what the caching allocator now keeps reserved, so the simulated GPU shows it (one
+        write per new peak, as NVML would see the process's memory grow)."""
+        assert self.mem is not None
+        if not self.mem.activation_fits(activation):
+            self.runtime_oom(activation)
+        if activation > self.peak_act_bytes:
+            self.peak_act_bytes = activation
+            self.write_gpu(self.mem.held_gb + activation / GIB)
+            if self.cfg.tp_size > 1:  # the other TP ranks ran the same batch
+                self.send({"op": "peak", "bytes": activation})
+
     def prefill(self) -> None:
         """Take up to a chunk of waiting tokens into one batch; OOM if its activations don't fit."""
         assert self.mem is not None
@@ -1100,9 +1158,7 @@ class Scheduler:
             return
         usage = (self.used_tokens() + tokens) / max(capacity, 1)
         self.log_prefill(seqs, tokens, usage)
-        activation = tokens * self.cfg.act_bytes_per_token
-        if activation > self.mem.headroom_gb * GIB:
-            self.runtime_oom(activation)
+        self.note_activation(tokens * self.cfg.act_bytes_per_token)
         time.sleep(tokens * PREFILL_S_PER_TOKEN)
         for req in finished:
             req.generated = 1  # prefill yields the first token
@@ -1511,6 +1567,10 @@ class Frontend:
                 msg = json.loads(line)
                 if msg["op"] == "ready":
                     await self.events.put(("ready", child, msg))
+                elif msg["op"] == "peak" and child.rank is not None:  # to the leader's TP peers
+                    for peer in self.launcher.schedulers:
+                        if peer.rank and peer.rank.dp == child.rank.dp and peer is not child:
+                            self.send(peer, msg)
                 elif (fut := self.pending.get(msg.get("rid", -1))) and not fut.done():
                     fut.set_result(msg)
                 if msg["op"] == "done":
