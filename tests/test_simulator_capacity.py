@@ -1,4 +1,4 @@
-"""The simulator's capacity signals: the GPU's activation peak.
+"""The simulator's capacity signals: the GPU's activation peak, KV-pool retraction.
 
 The tests drive one scheduler's pure pieces in this process (no timing).
 """
@@ -6,6 +6,7 @@ The tests drive one scheduler's pure pieces in this process (no timing).
 from __future__ import annotations
 
 import json
+import re
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +18,9 @@ from supervisor.sim import simgpu, simulator
 from supervisor.sim.simulator import MIB, Rank, RankMemory, Scheduler, SimConfig, boundary_fraction, parse_args
 
 GIB = simgpu.GIB
+RETRACT_LINE = re.compile(
+    r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] KV cache pool is full\. Retract requests\. "
+    r"#retracted_reqs: (\d+), #new_tokens_gained: (\d+), #new_token_ratio: (\d\.\d{4}) -> (\d\.\d{4})$")
 SEED_GRAPH_GB = 96 * (1 - simulator.SEED_FRACTION) - simulator.SEED_HEADROOM_GB  # 5.9 GiB
 
 
@@ -168,3 +172,89 @@ def test_an_activation_over_the_headroom_is_the_runtime_oom_and_no_peak(
     assert tried == [over] and h.sched.peak_act_bytes == 0
     h.sched.note_activation(mem.headroom_gb * GIB)  # exactly the headroom still fits
     assert h.sched.peak_act_bytes == mem.headroom_gb * GIB
+
+
+# --------------------------------------------------------------------------- 2. retraction
+
+
+def retractions(text: str) -> list[re.Match[str]]:
+    return [m for line in text.splitlines() if (m := RETRACT_LINE.match(line))]
+
+
+def test_a_small_pool_under_long_requests_retracts_in_0_5_23_words(
+        harness: Callable[..., Harness], capfd: pytest.CaptureFixture[str]) -> None:
+    """12 requests of 10 + 500 tokens on a 3000-token pool: admission reserves only 0.7 of the
+    running requests' remaining tokens, decode outgrows the pool and retracts; every request
+    still completes with all its tokens, and the pool never overflows."""
+    h = harness(config("--mem-fraction-static", "0.9"), memory(0.9, max_tokens=3000))
+    h.submit(12, tokens=10, max_new=500)
+    h.sched.prefill()
+    assert len(h.sched.running) == 5 and len(h.sched.waiting) == 7  # 5 x 510 fit, the 6th waits
+    h.run()
+    found = retractions(capfd.readouterr().out)
+    assert found
+    for m in found:
+        assert int(m[1]) >= 1 and int(m[2]) > 0
+    assert found[0][3] != found[0][4]  # the ratio was re-estimated
+    done = h.done()
+    assert len(done) == 12 and all(d["completion_tokens"] == 500 and "abort" not in d for d in done)
+    assert h.sched.retracted_total == sum(int(m[1]) for m in found)
+
+
+def test_a_large_pool_under_the_same_load_never_retracts(
+        harness: Callable[..., Harness], capfd: pytest.CaptureFixture[str]) -> None:
+    h = harness(config("--mem-fraction-static", "0.9"), memory(0.9))
+    h.submit(12, tokens=10, max_new=500)
+    h.run()
+    out = capfd.readouterr().out
+    assert "Prefill batch, #new-seq: 12," in out
+    assert not retractions(out) and "Retract" not in out
+    assert len(h.done()) == 12 and h.sched.retracted_total == 0
+
+
+def test_prefill_waits_while_the_pool_is_reserved(harness: Callable[..., Harness]) -> None:
+    """Today's admission holds: with running requests, a new one waits until its prompt and
+    max_new fit what the running ones leave (their remaining tokens x the new-token ratio)."""
+    h = harness(config("--mem-fraction-static", "0.9"), memory(0.9, max_tokens=2000))
+    h.submit(2, tokens=100, max_new=800)  # 900 each: both fit 2000
+    h.sched.prefill()
+    assert len(h.sched.running) == 2
+    # 2000 - 2 x 101 used - 2 x 799 x 0.7 expected = 679.4 left, so a 100 + 700 request waits
+    assert h.sched.rem_total_tokens() == pytest.approx(2000 - 202 - 2 * 799 * 0.7)
+    h.submit(1, tokens=100, max_new=700)
+    for _ in range(5):
+        h.sched.prefill()
+        h.sched.decode()
+    assert len(h.sched.running) == 2 and len(h.sched.waiting) == 1
+    h.submit(1, tokens=100, max_new=100)  # 200 would fit, but it queues behind the waiting one
+    h.sched.prefill()
+    assert len(h.sched.running) == 2 and len(h.sched.waiting) == 2
+    h.run()
+    assert len(h.done()) == 4
+
+
+def test_retraction_order_and_ratio_follow_retract_decode(
+        harness: Callable[..., Harness], capfd: pytest.CaptureFixture[str]) -> None:
+    """The request with the fewest output tokens (then the longest prompt) goes first; the ratio
+    becomes (decoded + 20 x kept) / (sum of kept max_new + 1)."""
+    h = harness(config("--mem-fraction-static", "0.9"), memory(0.9, max_tokens=1000))
+    s = h.sched
+    reqs = [simulator.Req(rid, tokens, 400, 0.0, 0, generated) for rid, tokens, generated in
+            ((1, 300, 100), (2, 100, 50), (3, 200, 50))]
+    s.running = list(reqs)  # 400 + 150 + 250 = 800 of 1000 used
+    capfd.readouterr()
+    s.retract()
+    (m,) = retractions(capfd.readouterr().out)
+    assert m.groups() == ("1", "250", "0.7000", f"{(100 + 50 + 40) / (800 + 1):.4f}")
+    assert [r.rid for r in s.running] == [1, 2] and [r.rid for r in s.waiting] == [3]
+    assert s.waiting[0].prefill_left == 250  # prompt and output so far are prefilled again
+
+
+def test_a_lone_request_the_pool_cannot_hold_is_aborted(
+        harness: Callable[..., Harness], capfd: pytest.CaptureFixture[str]) -> None:
+    h = harness(config("--mem-fraction-static", "0.9"), memory(0.9, max_tokens=300))
+    h.submit(1, tokens=100, max_new=400)
+    h.run()
+    assert "due to OOM" in capfd.readouterr().out
+    (done,) = h.done()
+    assert done["abort"].startswith("Out of memory even after retracting") and done["completion_tokens"] == 200

@@ -98,6 +98,14 @@ WARMUP_POLL_S = 0.05
 WARMUP_TRY_TIMEOUT_S = 0.5
 SCHEDULER_EXIT_TIMEOUT_S = 15.0  # 0.5.23's _SCHEDULER_EXIT_TIMEOUT_SECS after ShutdownReq
 
+# 0.5.23's admission and retraction constants (srt/environ.py, schedule_policy.py), with their
+# defaults; the simulator does not read the env vars.
+CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO x schedule_conservativeness 1.0
+MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
+NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
+RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
+
 # 0.5.23's crash diagnostics (TokenizerManager.dump_requests_before_crash). The 5 s sleep is a
 # literal ``time.sleep(5)`` in SGLang; the simulator reads it from this env var so fast tests
 # can shorten it. The others are SGLang's own env vars, honoured with SGLang's defaults.
@@ -844,6 +852,12 @@ class Req:
     arrival: float
     prefill_left: int
     generated: int = 0
+    started: bool = False  # part of its prefill is done (a chunked prefill in progress)
+
+    @property
+    def kv_tokens(self) -> int:
+        """The KV slots it holds once prefilled: its prompt and what it generated so far."""
+        return self.tokens + self.generated
 
 
 class Scheduler:
@@ -866,6 +880,8 @@ class Scheduler:
         self.last_log_time = time.monotonic()
         self.stream_outputs = 0  # SGLANG_TEST_CRASH_AFTER_STREAM_OUTPUTS counts these
         self.peak_act_bytes = 0.0  # the largest activation so far: PyTorch's allocator keeps it reserved
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO  # 0.5.23's NewTokenRatioTracker.current
+        self.retracted_total = 0  # requests retracted so far
         try:
             self.crash_after = int(os.environ.get(ENV_TEST_CRASH) or 0)
         except ValueError:
@@ -1123,7 +1139,42 @@ class Scheduler:
             self.decode()
 
     def used_tokens(self) -> int:
-        return sum(r.tokens + r.generated for r in self.running)
+        return sum(r.kv_tokens for r in self.running)
+
+    def rem_total_tokens(self) -> float:
+        """0.5.23's PrefillAdder budget (schedule_policy.py): the free KV slots less what the
+        running requests are still expected to need, ``min(max_new - generated, 4096) x
+        new_token_ratio`` each. The ratio starts at 0.7 and decays to 0.098, so admission is
+        optimistic: when the running requests outgrow it, decode retracts some."""
+        assert self.mem is not None
+        reserved = sum(min(r.max_new - r.generated, CLIP_MAX_NEW_TOKENS) * self.new_token_ratio for r in self.running)
+        return self.mem.kv_tokens - self.used_tokens() - reserved
+
+    def admit(self) -> tuple[int, int, list[Req]]:
+        """Take up to a chunk of waiting tokens: (tokens, new sequences, requests fully prefilled).
+
+        A request not yet started is admitted when its prompt and ``min(max_new, 4096)`` fit in
+        the budget (``add_one_req``), else prefill waits for running requests to finish. With
+        nothing running and nothing admitted it goes in anyway (a request the pool can never
+        hold is then aborted at decode, as 0.5.23 aborts the last request it cannot fit).
+        """
+        budget, seqs, finished = self.cfg.chunked_prefill, 0, []
+        rem = self.rem_total_tokens()
+        while self.waiting and budget > 0:
+            req = self.waiting[0]
+            if not req.started:
+                need = req.prefill_left + min(max(req.max_new - req.generated, 0), CLIP_MAX_NEW_TOKENS)
+                if need > rem and (self.running or seqs):
+                    break  # the KV pool is full: wait for running requests to finish
+                rem -= need
+            req.started = True
+            take = min(req.prefill_left, budget)
+            req.prefill_left -= take
+            budget -= take
+            seqs += 1
+            if req.prefill_left == 0:
+                finished.append(self.waiting.popleft())
+        return self.cfg.chunked_prefill - budget, seqs, finished
 
     def note_activation(self, activation: float) -> None:
         """A batch's activations: a CUDA OOM when they don't fit the headroom; a new peak is
@@ -1141,42 +1192,90 @@ class Scheduler:
     def prefill(self) -> None:
         """Take up to a chunk of waiting tokens into one batch; OOM if its activations don't fit."""
         assert self.mem is not None
-        capacity = self.mem.kv_tokens
-        budget, seqs, finished = self.cfg.chunked_prefill, 0, []
-        while self.waiting and budget > 0:
-            req = self.waiting[0]
-            if self.running and self.used_tokens() + req.tokens + req.max_new > capacity:
-                break  # the KV pool is full: wait for running requests to finish
-            take = min(req.prefill_left, budget)
-            req.prefill_left -= take
-            budget -= take
-            seqs += 1
-            if req.prefill_left == 0:
-                finished.append(self.waiting.popleft())
-        tokens = self.cfg.chunked_prefill - budget
+        tokens, seqs, finished = self.admit()
         if not tokens:
             return
-        usage = (self.used_tokens() + tokens) / max(capacity, 1)
+        usage = (self.used_tokens() + tokens) / max(self.mem.kv_tokens, 1)
         self.log_prefill(seqs, tokens, usage)
         self.note_activation(tokens * self.cfg.act_bytes_per_token)
         time.sleep(tokens * PREFILL_S_PER_TOKEN)
         for req in finished:
-            req.generated = 1  # prefill yields the first token
+            req.generated += 1  # prefill yields the next token (the first, unless it was retracted)
+            req.started = False
             self.running.append(req)
         self.next_decode = time.monotonic()
         self.finish([r for r in finished if r.generated >= r.max_new])
         self.stream_output()
 
     def decode(self) -> None:
-        for req in self.running:
+        batch = self.update_running_batch()
+        for req in batch:
             req.generated += 1
-        self.generated_since_log += len(self.running)
-        self.finish([r for r in self.running if r.generated >= r.max_new])
+        self.generated_since_log += len(batch)
+        self.finish([r for r in batch if r.generated >= r.max_new])
         self.stream_output()
         self.decode_steps += 1
         if self.decode_steps % DECODE_LOG_INTERVAL == 0:
             self.log_decode()
         self.next_decode = time.monotonic() + DECODE_STEP_S
+
+    def decode_fits(self, reqs: Sequence[Req]) -> bool:
+        """0.5.23 ``check_decode_mem`` (page size 1): one free KV slot per request to decode."""
+        assert self.mem is not None
+        return self.mem.kv_tokens - self.used_tokens() >= len(reqs)
+
+    def update_running_batch(self) -> list[Req]:
+        """0.5.23 ``Scheduler.update_running_batch``: the requests this decode step advances.
+
+        Requests whose next token ends them are left out of the check. When the others' next
+        tokens do not fit the KV pool: if some are finishing, only those step (their KV frees);
+        else some are retracted to the queue. Otherwise the new-token ratio decays a step.
+        """
+        finishing = [r for r in self.running if r.generated + 1 >= r.max_new]
+        staying = [r for r in self.running if r.generated + 1 < r.max_new]
+        if self.decode_fits(staying):
+            self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+            return list(self.running)
+        if finishing:
+            return finishing
+        self.retract()
+        return list(self.running)
+
+    def retract(self) -> None:
+        """0.5.23 ``ScheduleBatch.retract_decode`` and the warning after it (scheduler.py).
+
+        The request with the fewest output tokens (then the longest prompt) goes first, then the
+        next, until the rest fit; at least one goes and at least one stays. A last request that
+        still does not fit is aborted. Retracted requests free their KV and go back to the queue,
+        to be prefilled again (prompt and output so far); the ratio is re-estimated from those
+        left: ``min(1, (decoded + 20 x n) / (sum of max_new + 1))``.
+        """
+        assert self.mem is not None
+        old_available = self.mem.kv_tokens - self.used_tokens()
+        old_ratio = self.new_token_ratio
+        keep = sorted(self.running, key=lambda r: (r.generated, -r.tokens), reverse=True)
+        retracted: list[Req] = []
+        while len(keep) > 1:
+            retracted.append(keep.pop())
+            self.running.remove(retracted[-1])
+            if self.decode_fits(keep):
+                break
+        if len(keep) == 1 and not self.decode_fits(keep):
+            last = keep.pop()
+            self.running.remove(last)
+            self.log(f"retract_decode: aborted last request {last.rid} due to OOM")
+            self.send({"op": "done", "rid": last.rid, "prompt_tokens": last.tokens, "completion_tokens": last.generated,
+                       "abort": "Out of memory even after retracting all other requests in the decode batch. "
+                                "Aborting the last request."})
+        self.new_token_ratio = min(1.0, (sum(r.generated for r in self.running) + RETRACT_DECODE_STEPS * len(self.running))
+                                   / (sum(r.max_new for r in self.running) + 1))
+        gained = self.mem.kv_tokens - self.used_tokens() - old_available
+        self.retracted_total += len(retracted)
+        self.log(f"KV cache pool is full. Retract requests. #retracted_reqs: {len(retracted)}, "
+                 f"#new_tokens_gained: {gained}, #new_token_ratio: {old_ratio:.4f} -> {self.new_token_ratio:.4f}")
+        for req in retracted:
+            req.prefill_left, req.started = req.kv_tokens, False
+            self.waiting.append(req)
 
     def stream_output(self) -> None:
         """SGLang's OutputStreamer.stream_output, once per processed batch, with its test hook."""
@@ -1762,6 +1861,9 @@ class Frontend:
                 f"({self.cfg.context_len} tokens).")}}), content_type="application/json")
         leader = self.leaders[next(self.next_leader)]
         done = await self.call("req", leader, tokens=tokens, max_new=max_new)
+        if done.get("abort"):  # FINISH_ABORT with status 500
+            raise web.HTTPInternalServerError(text=json.dumps({"error": {"message": done["abort"]}}),
+                                              content_type="application/json")
         return {"text": " " + _words(done["completion_tokens"]), "prompt_tokens": done["prompt_tokens"],
                 "completion_tokens": done["completion_tokens"]}
 
