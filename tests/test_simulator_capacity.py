@@ -1,6 +1,7 @@
-"""The simulator's capacity signals: the GPU's activation peak, KV-pool retraction.
+"""The simulator's capacity signals: the GPU's activation peak, KV-pool retraction, /metrics.
 
-The tests drive one scheduler's pure pieces in this process (no timing).
+Most tests drive one scheduler's pure pieces in this process (no timing); the last ones run
+a short simulated server, like tests/test_simulator.py.
 """
 
 from __future__ import annotations
@@ -8,11 +9,16 @@ from __future__ import annotations
 import json
 import re
 import socket
+import threading
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import wait_until
+from test_simulator import Sim, call, sim  # noqa: F401 - sim is a fixture
 
 from supervisor.sim import simgpu, simulator
 from supervisor.sim.simulator import MIB, Rank, RankMemory, Scheduler, SimConfig, boundary_fraction, parse_args
@@ -258,3 +264,100 @@ def test_a_lone_request_the_pool_cannot_hold_is_aborted(
     assert "due to OOM" in capfd.readouterr().out
     (done,) = h.done()
     assert done["abort"].startswith("Out of memory even after retracting") and done["completion_tokens"] == 200
+
+
+# --------------------------------------------------------------------------- 3. /metrics
+
+
+def test_metrics_reports_follow_the_scheduler(harness: Callable[..., Harness]) -> None:
+    """Gauges at each batch report; the retraction gauge once, then 0; the counter at once."""
+    h = harness(config("--enable-metrics", "--mem-fraction-static", "0.9"), memory(0.9, max_tokens=1000))
+    s = h.sched
+    s.running = [simulator.Req(1, 300, 400, 0.0, 0, 100), simulator.Req(2, 100, 400, 0.0, 0, 50)]
+    s.retract()
+    assert h.read()[-1] == {"op": "metrics", "retracted_total": 1}
+    s.log_decode()
+    s.log_decode()
+    first, second = (m["gauges"] for m in h.read()[-2:])
+    assert first == {"token_usage": 0.4, "num_running_reqs": 1, "num_queue_reqs": 1, "num_retracted_reqs": 1}
+    assert second["num_retracted_reqs"] == 0
+
+
+def test_no_metrics_reports_without_the_flag(harness: Callable[..., Harness]) -> None:
+    h = harness(config("--mem-fraction-static", "0.9"), memory(0.9))
+    h.submit(2, tokens=10, max_new=3)
+    h.run()
+    assert {m["op"] for m in h.read()} == {"done"}
+
+
+def test_prometheus_text_is_prometheus_client_s() -> None:
+    cfg = config("--served-model-name", 'my"model', "--dp-size", "2")
+    text = simulator.prometheus_text(cfg, {
+        0: {"token_usage": 0.25, "num_running_reqs": 3, "num_queue_reqs": 0, "num_retracted_reqs": 0, "retracted_total": 0},
+        1: {"token_usage": 1.0, "num_running_reqs": 7, "num_queue_reqs": 2, "num_retracted_reqs": 2, "retracted_total": 5},
+    })
+    labels = 'engine_type="unified",model_name="my\\"model",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
+    assert text.splitlines()[:4] == [
+        "# HELP sglang:num_running_reqs The number of running requests.",
+        "# TYPE sglang:num_running_reqs gauge",
+        f'sglang:num_running_reqs{{dp_rank="0",{labels}}} 3.0',
+        f'sglang:num_running_reqs{{dp_rank="1",{labels}}} 7.0',
+    ]
+    assert f'sglang:token_usage{{dp_rank="0",{labels}}} 0.25' in text
+    assert "# TYPE sglang:num_retracted_reqs gauge" in text
+    assert text.endswith("# HELP sglang:num_retracted_requests_total Total number of retracted requests.\n"
+                         "# TYPE sglang:num_retracted_requests_total counter\n"
+                         f'sglang:num_retracted_requests_total{{dp_rank="1",{labels}}} 5.0\n')
+    assert simulator.prometheus_text(cfg, {}) == ""
+
+
+# --------------------------------------------------------------------------- a short simulated run
+
+
+def get_text(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def metric(text: str, name: str) -> float:
+    m = re.search(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.MULTILINE)
+    assert m, (name, text)
+    return float(m[1])
+
+
+@pytest.mark.integration
+def test_a_served_night_shows_the_peak_retractions_and_metrics(sim: Callable[..., Sim]) -> None:  # noqa: F811
+    s = sim("--sim-version", "0.5.23", "--enable-metrics", "--mem-fraction-static", "0.9",
+            "--max-total-tokens", "3000")
+    s.wait_ready()
+    static = s.gpu_used(0)
+    assert call(s.port, "/generate", {"text": " ".join(["w"] * 2000), "sampling_params": {"max_new_tokens": 1}}) == 200
+    assert abs(s.gpu_used(0) - static - 2000 * 0.25 * MIB) <= 8 * 0.25 * MIB  # the warm-up's 6-token peak, replaced
+    status, text = get_text(s.port, "/metrics")
+    assert status == 200 and metric(text, "sglang:num_running_reqs") == 0
+
+    threads = [threading.Thread(target=call, args=(s.port, "/generate", {
+        "text": "a b c d e f g h i j", "sampling_params": {"max_new_tokens": 500}}), kwargs={"timeout": 120})
+        for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=150)
+    found = retractions(s.text)
+    assert found
+    wait_until(lambda: metric(get_text(s.port, "/metrics")[1], "sglang:num_running_reqs") == 0,
+               what="the idle report")
+    status, text = get_text(s.port, "/metrics")
+    assert metric(text, "sglang:num_retracted_requests_total") == sum(int(m[1]) for m in found)
+    assert metric(text, "sglang:num_queue_reqs") == 0
+    assert 'model_name="/models/DeepSeek-V3"' in text
+
+
+@pytest.mark.integration
+def test_metrics_is_404_without_enable_metrics(sim: Callable[..., Sim]) -> None:  # noqa: F811
+    s = sim("--sim-version", "0.5.23")
+    s.wait_ready()
+    assert get_text(s.port, "/metrics") == (404, '{"detail":"Not Found"}')

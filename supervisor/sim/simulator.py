@@ -881,7 +881,10 @@ class Scheduler:
         self.stream_outputs = 0  # SGLANG_TEST_CRASH_AFTER_STREAM_OUTPUTS counts these
         self.peak_act_bytes = 0.0  # the largest activation so far: PyTorch's allocator keeps it reserved
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO  # 0.5.23's NewTokenRatioTracker.current
-        self.retracted_total = 0  # requests retracted so far
+        self.retracted_pending = 0  # the last retraction's count, for the next metrics report
+        self.retracted_total = 0  # sglang:num_retracted_requests_total
+        self.metrics = bool(cfg.sglang_args.get("enable_metrics"))
+        self.reported_running = self.reported_retracted = 0
         try:
             self.crash_after = int(os.environ.get(ENV_TEST_CRASH) or 0)
         except ValueError:
@@ -1217,6 +1220,8 @@ class Scheduler:
         self.decode_steps += 1
         if self.decode_steps % DECODE_LOG_INTERVAL == 0:
             self.log_decode()
+        elif not self.running:
+            self.report_idle()
         self.next_decode = time.monotonic() + DECODE_STEP_S
 
     def decode_fits(self, reqs: Sequence[Req]) -> bool:
@@ -1270,7 +1275,10 @@ class Scheduler:
         self.new_token_ratio = min(1.0, (sum(r.generated for r in self.running) + RETRACT_DECODE_STEPS * len(self.running))
                                    / (sum(r.max_new for r in self.running) + 1))
         gained = self.mem.kv_tokens - self.used_tokens() - old_available
+        self.retracted_pending = len(retracted)
         self.retracted_total += len(retracted)
+        if self.metrics and retracted:  # the counter goes up at once; the gauges wait for a report
+            self.send({"op": "metrics", "retracted_total": self.retracted_total})
         self.log(f"KV cache pool is full. Retract requests. #retracted_reqs: {len(retracted)}, "
                  f"#new_tokens_gained: {gained}, #new_token_ratio: {old_ratio:.4f} -> {self.new_token_ratio:.4f}")
         for req in retracted:
@@ -1291,12 +1299,35 @@ class Scheduler:
             self.running.remove(req)
             self.send({"op": "done", "rid": req.rid, "prompt_tokens": req.tokens, "completion_tokens": req.generated})
 
+    def report_metrics(self, *, idle: bool = False) -> None:
+        """0.5.23 metrics_reporter: the scheduler's gauges, set at each batch log line
+        (``report_prefill_stats`` / ``report_decode_stats``). ``num_retracted_reqs`` is the last
+        retraction's count, reported once, then 0; an idle report leaves it as it was."""
+        if not self.metrics or self.mem is None:
+            return
+        if not idle:
+            self.reported_retracted, self.retracted_pending = self.retracted_pending, 0
+        self.reported_running = len(self.running)
+        self.send({"op": "metrics", "retracted_total": self.retracted_total, "gauges": {
+            "token_usage": self.used_tokens() / max(self.mem.kv_tokens, 1),
+            "num_running_reqs": len(self.running),
+            "num_queue_reqs": len(self.waiting),
+            "num_retracted_reqs": self.reported_retracted,
+        }})
+
+    def report_idle(self) -> None:
+        """0.5.23 ``_maybe_log_idle_metrics``: once idle, a stale running-requests gauge is
+        refreshed at once. (Its 30 s periodic idle refresh is not modelled.)"""
+        if self.reported_running != len(self.running):
+            self.report_metrics(idle=True)
+
     def log_decode(self) -> None:
         now = time.monotonic()
         throughput = self.generated_since_log / max(now - self.last_log_time, 1e-6)
         self.generated_since_log, self.last_log_time = 0, now
         capacity = self.mem.kv_tokens if self.mem else 1
         used = self.used_tokens()
+        self.report_metrics()
         if self.cfg.version == "0.5.6":
             self.log(f"Decode batch. #running-req: {len(self.running)}, #token: {used}, token usage: {used / max(capacity, 1):.2f}, "
                      f"cuda graph: True, gen throughput (token/s): {throughput:.2f}, #queue-req: {len(self.waiting)}, ")
@@ -1311,6 +1342,7 @@ class Scheduler:
     def log_prefill(self, seqs: int, tokens: int, usage: float) -> None:
         """0.5.6: ``Prefill batch. #new-seq: ...``; 0.5.23 (metrics_reporter.py): ``Prefill batch, ...``
         with ``#pending-token``, the graph flag and the input throughput."""
+        self.report_metrics()
         if self.cfg.version == "0.5.6":
             self.log(f"Prefill batch. #new-seq: {seqs}, #new-token: {tokens}, #cached-token: 0, "
                      f"token usage: {usage:.2f}, #running-req: {len(self.running)}, #queue-req: {len(self.waiting)}, ")
@@ -1604,6 +1636,54 @@ class Launcher:
         raise AssertionError("unreachable")
 
 
+# 0.5.23's scheduler metrics the simulator serves (srt/observability/metrics_collector.py):
+# (name, type, documentation, key in the scheduler's report).
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+SCHEDULER_METRICS = (
+    ("sglang:num_running_reqs", "gauge", "The number of running requests.", "num_running_reqs"),
+    ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", "num_queue_reqs"),
+    ("sglang:token_usage", "gauge", "The token usage.", "token_usage"),
+    ("sglang:num_retracted_reqs", "gauge", "The number of retracted requests.", "num_retracted_reqs"),
+    ("sglang:num_retracted_requests_total", "counter", "Total number of retracted requests.", "retracted_total"),
+)
+
+
+def _go_float(value: float) -> str:
+    """prometheus_client's ``floatToGoString`` (finite values): ``3.0``, ``0.25``, ``1.234567e+06``."""
+    d = float(value)
+    s = repr(d)
+    dot = s.find(".")
+    if d > 0 and dot > 6:  # Go switches to exponents sooner than Python
+        mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1:]}".rstrip("0.")
+        return f"{mantissa}e+{dot - 1:02d}"
+    return s
+
+
+def _label_value(v: str) -> str:
+    return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+
+
+def prometheus_text(cfg: SimConfig, reports: dict[int, dict[str, Any]]) -> str:
+    """``GET /metrics`` as 0.5.23 exposes its scheduler metrics: one series per DP group's TP-0
+    scheduler, labels ``model_name``, ``engine_type``, ``tp_rank``, ``pp_rank``, ``moe_ep_rank``
+    (and ``dp_rank`` under DP). A labelled series appears once set: the gauges at the first
+    batch report, the retraction counter at the first retraction. The real page has many more
+    metrics (the tokenizer's histograms, ...); only these are simulated."""
+    out: list[str] = []
+    for name, kind, doc, key in SCHEDULER_METRICS:
+        lines = []
+        for dp, report in sorted(reports.items()):
+            if key not in report or (kind == "counter" and not report[key]):
+                continue
+            labels = {"engine_type": "unified", "model_name": cfg.served_model_name, "moe_ep_rank": "0",
+                      "pp_rank": "0", "tp_rank": "0", **({"dp_rank": str(dp)} if cfg.dp_size > 1 else {})}
+            labelstr = ",".join(f'{k}="{_label_value(v)}"' for k, v in sorted(labels.items()))
+            lines.append(f"{name}{{{labelstr}}} {_go_float(report[key])}\n")
+        if lines:  # the multiprocess collector shows a metric only once it has a sample
+            out += [f"# HELP {name} {doc}\n", f"# TYPE {name} {kind}\n", *lines]
+    return "".join(out)
+
+
 def _words(n: int) -> str:
     vocab = ("the", "model", "answers", "with", "some", "tokens", "of", "text")
     return " ".join(vocab[i % len(vocab)] for i in range(n))
@@ -1646,6 +1726,7 @@ class Frontend:
         self.leaders = [c for c in launcher.schedulers if c.rank and c.rank.leader]
         self.next_leader = itertools.cycle(range(len(self.leaders)))
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.metrics: dict[int, dict[str, Any]] = {}  # DP rank -> its leader's last metrics report
 
     # -- scheduler pipes
 
@@ -1670,6 +1751,10 @@ class Frontend:
                     for peer in self.launcher.schedulers:
                         if peer.rank and peer.rank.dp == child.rank.dp and peer is not child:
                             self.send(peer, msg)
+                elif msg["op"] == "metrics" and child.rank is not None:
+                    seen = self.metrics.setdefault(child.rank.dp, {})
+                    seen["retracted_total"] = msg["retracted_total"]
+                    seen.update(msg.get("gauges", {}))
                 elif (fut := self.pending.get(msg.get("rid", -1))) and not fut.done():
                     fut.set_result(msg)
                 if msg["op"] == "done":
@@ -1762,6 +1847,7 @@ class Frontend:
         r.add_get("/model_info", self.model_info)
         r.add_get("/get_model_info", self.model_info)
         r.add_post("/flush_cache", self.flush_cache)
+        r.add_get("/metrics", self.prometheus)
         if self.cfg.version != "0.5.6":
             r.add_post("/freeze_gc", self.freeze_gc)
         if self.cfg.version != "0.5.6":
@@ -1833,6 +1919,16 @@ class Frontend:
             "internal_states": [{"memory_usage": memory, "last_gen_throughput": 0.0,
                                  "available_gpu_mem": facts["headroom"]}],
         })
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        """``--enable-metrics``: the scheduler gauges in Prometheus text (prometheus_client
+        0.26's ``generate_latest``: labels sorted, values as Go floats). Without the flag the
+        real server has no such route: FastAPI's 404 ``{"detail":"Not Found"}``."""
+        if not self.cfg.sglang_args.get("enable_metrics"):
+            return web.Response(status=404, text='{"detail":"Not Found"}', content_type="application/json")
+        await self.gate()
+        return web.Response(body=prometheus_text(self.cfg, self.metrics).encode(),
+                            headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
 
     async def model_info(self, request: web.Request) -> web.Response:
         return web.json_response({"model_path": self.cfg.model_path, "tokenizer_path": self.cfg.model_path,
