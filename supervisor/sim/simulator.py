@@ -1309,7 +1309,7 @@ class Scheduler:
             self.reported_retracted, self.retracted_pending = self.retracted_pending, 0
         self.reported_running = len(self.running)
         self.send({"op": "metrics", "retracted_total": self.retracted_total, "gauges": {
-            "token_usage": self.used_tokens() / max(self.mem.kv_tokens, 1),
+            "token_usage": round(self.used_tokens() / max(self.mem.kv_tokens, 1), 2),  # pool_stats_observer.py 155
             "num_running_reqs": len(self.running),
             "num_queue_reqs": len(self.waiting),
             "num_retracted_reqs": self.reported_retracted,
