@@ -98,6 +98,14 @@ WARMUP_POLL_S = 0.05
 WARMUP_TRY_TIMEOUT_S = 0.5
 SCHEDULER_EXIT_TIMEOUT_S = 15.0  # 0.5.23's _SCHEDULER_EXIT_TIMEOUT_SECS after ShutdownReq
 
+# 0.5.23's admission and retraction constants (srt/environ.py, schedule_policy.py), with their
+# defaults; the simulator does not read the env vars.
+CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO x schedule_conservativeness 1.0
+MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
+NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
+RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
+
 # 0.5.23's crash diagnostics (TokenizerManager.dump_requests_before_crash). The 5 s sleep is a
 # literal ``time.sleep(5)`` in SGLang; the simulator reads it from this env var so fast tests
 # can shorten it. The others are SGLang's own env vars, honoured with SGLang's defaults.
@@ -473,7 +481,38 @@ class RankMemory:
 
     @property
     def held_gb(self) -> float:
+        """The static footprint: weights, KV pool and CUDA graphs (activations come on top)."""
         return self.weights_gb + self.kv_gb + self.graph_gb
+
+    def activation_fits(self, activation_bytes: float) -> bool:
+        """Whether one batch's activations fit in what graph capture left (else a CUDA OOM).
+
+        PyTorch's caching allocator reuses the peak it already reserved, so a batch needs
+        ``activation_bytes`` of headroom in all, whatever came before it.
+        """
+        return activation_bytes <= self.headroom_gb * GIB
+
+
+def boundary_fraction(total_gb: float, graph_gb: float, act_bytes_per_token: float, burst_tokens: int, *,
+                      free_gb: float | None = None, version: str = DEFAULT_VERSION) -> float:
+    """The ``--mem-fraction-static`` above which a prefill batch of ``burst_tokens`` OOMs.
+
+    One rank of the simulator, without ``--max-total-tokens``; ``free_gb`` is the card's free
+    memory before loading (the total when nobody else holds any). The headroom left after
+    graph capture is ``free - weights - kv - graph`` with SGLang's ``kv = (free - weights) -
+    base x (1 - fraction)`` (``base`` is ``free`` in 0.5.23, ``total`` in 0.5.6), so the weights
+    cancel: ``headroom = base x (1 - fraction) - graph``, and the batch OOMs when
+    ``burst_tokens x act_bytes_per_token > headroom``:
+
+    ``boundary = 1 - (graph + burst x act / GiB) / base``
+
+    Below the boundary the batch fits; above ``boundary + kv_bytes_per_token / (base x
+    GiB)`` (under 1e-6: the KV pool is a whole number of tokens) it OOMs. The weights decide only
+    whether the server starts at all (``RankMemory.minimum_fraction``). A burst is at most one
+    ``--chunked-prefill-size`` chunk: longer prompts are prefilled a chunk at a time.
+    """
+    base = total_gb if free_gb is None or version == "0.5.6" else free_gb
+    return 1 - (graph_gb + burst_tokens * act_bytes_per_token / GIB) / base
 
 
 # --------------------------------------------------------------------------- log output
@@ -813,6 +852,12 @@ class Req:
     arrival: float
     prefill_left: int
     generated: int = 0
+    started: bool = False  # part of its prefill is done (a chunked prefill in progress)
+
+    @property
+    def kv_tokens(self) -> int:
+        """The KV slots it holds once prefilled: its prompt and what it generated so far."""
+        return self.tokens + self.generated
 
 
 class Scheduler:
@@ -834,6 +879,12 @@ class Scheduler:
         self.generated_since_log = 0
         self.last_log_time = time.monotonic()
         self.stream_outputs = 0  # SGLANG_TEST_CRASH_AFTER_STREAM_OUTPUTS counts these
+        self.peak_act_bytes = 0.0  # the largest activation so far: PyTorch's allocator keeps it reserved
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO  # 0.5.23's NewTokenRatioTracker.current
+        self.retracted_pending = 0  # the last retraction's count, for the next metrics report
+        self.retracted_total = 0  # sglang:num_retracted_requests_total
+        self.metrics = bool(cfg.sglang_args.get("enable_metrics"))
+        self.reported_running = self.reported_retracted = 0
         try:
             self.crash_after = int(os.environ.get(ENV_TEST_CRASH) or 0)
         except ValueError:
@@ -878,7 +929,7 @@ class Scheduler:
             self.log(f"Scheduler hit an exception: {e.traceback}")
             return 1
         self.send({"op": "ready", "pid": os.getpid(), **self.facts()})
-        code = self.serve() if self.rank.leader else _idle_child(self.sock)
+        code = self.serve() if self.rank.leader else self.follow()
         if self.orphan:  # the parent is gone: keep holding the GPU until someone kills us
             while True:
                 signal.pause()
@@ -897,7 +948,7 @@ class Scheduler:
             "token_capacity": m.kv_tokens,
             "graph": round(m.graph_gb, 2),
             "headroom": round(m.headroom_gb, 2),
-            "held_bytes": int(m.held_gb * GIB),
+            "held_bytes": int(m.held_gb * GIB + self.peak_act_bytes),
         }
 
     # -- startup
@@ -1026,6 +1077,19 @@ class Scheduler:
             self.log(f"Capture target decode CUDA graph end. bs=[1, 2, 4, 8, 16, 24, 32], elapsed={capture_s:.2f} s, "
                      f"mem usage={mem.graph_gb:.2f} GB, avail mem={mem.headroom_gb:.2f} GB.")
 
+    def follow(self) -> int:
+        """A TP rank other than 0: runs its leader's batches in real SGLang, so it only follows
+        the leader's activation peaks (relayed by the main process) until the socket closes."""
+        buf = b""
+        while chunk := self.sock.recv(1 << 16):
+            *lines, buf = (buf + chunk).split(b"\n")
+            for line in lines:
+                msg = json.loads(line)
+                if msg["op"] == "peak" and self.mem is not None and msg["bytes"] > self.peak_act_bytes:
+                    self.peak_act_bytes = float(msg["bytes"])
+                    self.write_gpu(self.mem.held_gb + self.peak_act_bytes / GIB)
+        return 0
+
     # -- serving (leaders only)
 
     def serve(self) -> int:
@@ -1078,49 +1142,148 @@ class Scheduler:
             self.decode()
 
     def used_tokens(self) -> int:
-        return sum(r.tokens + r.generated for r in self.running)
+        return sum(r.kv_tokens for r in self.running)
 
-    def prefill(self) -> None:
-        """Take up to a chunk of waiting tokens into one batch; OOM if its activations don't fit."""
+    def rem_total_tokens(self) -> float:
+        """0.5.23's PrefillAdder budget (schedule_policy.py): the free KV slots less what the
+        running requests are still expected to need, ``min(max_new - generated, 4096) x
+        new_token_ratio`` each. The ratio starts at 0.7 and decays to 0.098, so admission is
+        optimistic: when the running requests outgrow it, decode retracts some."""
         assert self.mem is not None
-        capacity = self.mem.kv_tokens
+        reserved = sum(min(r.max_new - r.generated, CLIP_MAX_NEW_TOKENS) * self.new_token_ratio for r in self.running)
+        return self.mem.kv_tokens - self.used_tokens() - reserved
+
+    def admit(self) -> tuple[int, int, list[Req]]:
+        """Take up to a chunk of waiting tokens: (tokens, new sequences, requests fully prefilled).
+
+        A request not yet started is admitted when its prompt and ``min(max_new, 4096)`` fit in
+        the budget (``add_one_req``), else prefill waits for running requests to finish. With
+        nothing running and nothing admitted it goes in anyway (a request the pool can never
+        hold is then aborted at decode, as 0.5.23 aborts the last request it cannot fit).
+        """
         budget, seqs, finished = self.cfg.chunked_prefill, 0, []
+        rem = self.rem_total_tokens()
         while self.waiting and budget > 0:
             req = self.waiting[0]
-            if self.running and self.used_tokens() + req.tokens + req.max_new > capacity:
-                break  # the KV pool is full: wait for running requests to finish
+            if not req.started:
+                need = req.prefill_left + min(max(req.max_new - req.generated, 0), CLIP_MAX_NEW_TOKENS)
+                if need > rem and (self.running or seqs):
+                    break  # the KV pool is full: wait for running requests to finish
+                rem -= need
+            req.started = True
             take = min(req.prefill_left, budget)
             req.prefill_left -= take
             budget -= take
             seqs += 1
             if req.prefill_left == 0:
                 finished.append(self.waiting.popleft())
-        tokens = self.cfg.chunked_prefill - budget
+        return self.cfg.chunked_prefill - budget, seqs, finished
+
+    def note_activation(self, activation: float) -> None:
+        """A batch's activations: a CUDA OOM when they don't fit the headroom; a new peak is
+        what the caching allocator now keeps reserved, so the simulated GPU shows it (one
+        write per new peak, as NVML would see the process's memory grow)."""
+        assert self.mem is not None
+        if not self.mem.activation_fits(activation):
+            self.runtime_oom(activation)
+        if activation > self.peak_act_bytes:
+            self.peak_act_bytes = activation
+            self.write_gpu(self.mem.held_gb + activation / GIB)
+            if self.cfg.tp_size > 1:  # the other TP ranks ran the same batch
+                self.send({"op": "peak", "bytes": activation})
+
+    def prefill(self) -> None:
+        """Take up to a chunk of waiting tokens into one batch; OOM if its activations don't fit."""
+        assert self.mem is not None
+        tokens, seqs, finished = self.admit()
         if not tokens:
             return
-        usage = (self.used_tokens() + tokens) / max(capacity, 1)
+        usage = (self.used_tokens() + tokens) / max(self.mem.kv_tokens, 1)
         self.log_prefill(seqs, tokens, usage)
-        activation = tokens * self.cfg.act_bytes_per_token
-        if activation > self.mem.headroom_gb * GIB:
-            self.runtime_oom(activation)
+        self.note_activation(tokens * self.cfg.act_bytes_per_token)
         time.sleep(tokens * PREFILL_S_PER_TOKEN)
         for req in finished:
-            req.generated = 1  # prefill yields the first token
+            req.generated += 1  # prefill yields the next token (the first, unless it was retracted)
+            req.started = False
             self.running.append(req)
         self.next_decode = time.monotonic()
         self.finish([r for r in finished if r.generated >= r.max_new])
         self.stream_output()
 
     def decode(self) -> None:
-        for req in self.running:
+        batch = self.update_running_batch()
+        for req in batch:
             req.generated += 1
-        self.generated_since_log += len(self.running)
-        self.finish([r for r in self.running if r.generated >= r.max_new])
+        self.generated_since_log += len(batch)
+        self.finish([r for r in batch if r.generated >= r.max_new])
         self.stream_output()
         self.decode_steps += 1
         if self.decode_steps % DECODE_LOG_INTERVAL == 0:
             self.log_decode()
+        elif not self.running:
+            self.report_idle()
         self.next_decode = time.monotonic() + DECODE_STEP_S
+
+    def decode_fits(self, reqs: Sequence[Req]) -> bool:
+        """0.5.23 ``check_decode_mem`` (page size 1): one free KV slot per request to decode."""
+        assert self.mem is not None
+        return self.mem.kv_tokens - self.used_tokens() >= len(reqs)
+
+    def update_running_batch(self) -> list[Req]:
+        """0.5.23 ``Scheduler.update_running_batch``: the requests this decode step advances.
+
+        Requests whose next token ends them are left out of the check. When the others' next
+        tokens do not fit the KV pool: if some are finishing, only those step (their KV frees);
+        else some are retracted to the queue. Otherwise the new-token ratio decays a step.
+        """
+        finishing = [r for r in self.running if r.generated + 1 >= r.max_new]
+        staying = [r for r in self.running if r.generated + 1 < r.max_new]
+        if self.decode_fits(staying):
+            self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+            return list(self.running)
+        if finishing:
+            return finishing
+        self.retract()
+        return list(self.running)
+
+    def retract(self) -> None:
+        """0.5.23 ``ScheduleBatch.retract_decode`` and the warning after it (scheduler.py).
+
+        The request with the fewest output tokens (then the longest prompt) goes first, then the
+        next, until the rest fit; at least one goes and at least one stays. A last request that
+        still does not fit is aborted. Retracted requests free their KV and go back to the queue,
+        to be prefilled again (prompt and output so far); the ratio is re-estimated from those
+        left: ``min(1, (decoded + 20 x n) / (sum of max_new + 1))``.
+        """
+        assert self.mem is not None
+        old_available = self.mem.kv_tokens - self.used_tokens()
+        old_ratio = self.new_token_ratio
+        keep = sorted(self.running, key=lambda r: (r.generated, -r.tokens), reverse=True)
+        retracted: list[Req] = []
+        while len(keep) > 1:
+            retracted.append(keep.pop())
+            self.running.remove(retracted[-1])
+            if self.decode_fits(keep):
+                break
+        if len(keep) == 1 and not self.decode_fits(keep):
+            last = keep.pop()
+            self.running.remove(last)
+            self.log(f"retract_decode: aborted last request {last.rid} due to OOM")
+            self.send({"op": "done", "rid": last.rid, "prompt_tokens": last.tokens, "completion_tokens": last.generated,
+                       "abort": "Out of memory even after retracting all other requests in the decode batch. "
+                                "Aborting the last request."})
+        self.new_token_ratio = min(1.0, (sum(r.generated for r in self.running) + RETRACT_DECODE_STEPS * len(self.running))
+                                   / (sum(r.max_new for r in self.running) + 1))
+        gained = self.mem.kv_tokens - self.used_tokens() - old_available
+        self.retracted_pending = len(retracted)
+        self.retracted_total += len(retracted)
+        if self.metrics and retracted:  # the counter goes up at once; the gauges wait for a report
+            self.send({"op": "metrics", "retracted_total": self.retracted_total})
+        self.log(f"KV cache pool is full. Retract requests. #retracted_reqs: {len(retracted)}, "
+                 f"#new_tokens_gained: {gained}, #new_token_ratio: {old_ratio:.4f} -> {self.new_token_ratio:.4f}")
+        for req in retracted:
+            req.prefill_left, req.started = req.kv_tokens, False
+            self.waiting.append(req)
 
     def stream_output(self) -> None:
         """SGLang's OutputStreamer.stream_output, once per processed batch, with its test hook."""
@@ -1136,12 +1299,35 @@ class Scheduler:
             self.running.remove(req)
             self.send({"op": "done", "rid": req.rid, "prompt_tokens": req.tokens, "completion_tokens": req.generated})
 
+    def report_metrics(self, *, idle: bool = False) -> None:
+        """0.5.23 metrics_reporter: the scheduler's gauges, set at each batch log line
+        (``report_prefill_stats`` / ``report_decode_stats``). ``num_retracted_reqs`` is the last
+        retraction's count, reported once, then 0; an idle report leaves it as it was."""
+        if not self.metrics or self.mem is None:
+            return
+        if not idle:
+            self.reported_retracted, self.retracted_pending = self.retracted_pending, 0
+        self.reported_running = len(self.running)
+        self.send({"op": "metrics", "retracted_total": self.retracted_total, "gauges": {
+            "token_usage": round(self.used_tokens() / max(self.mem.kv_tokens, 1), 2),  # pool_stats_observer.py 155
+            "num_running_reqs": len(self.running),
+            "num_queue_reqs": len(self.waiting),
+            "num_retracted_reqs": self.reported_retracted,
+        }})
+
+    def report_idle(self) -> None:
+        """0.5.23 ``_maybe_log_idle_metrics``: once idle, a stale running-requests gauge is
+        refreshed at once. (Its 30 s periodic idle refresh is not modelled.)"""
+        if self.reported_running != len(self.running):
+            self.report_metrics(idle=True)
+
     def log_decode(self) -> None:
         now = time.monotonic()
         throughput = self.generated_since_log / max(now - self.last_log_time, 1e-6)
         self.generated_since_log, self.last_log_time = 0, now
         capacity = self.mem.kv_tokens if self.mem else 1
         used = self.used_tokens()
+        self.report_metrics()
         if self.cfg.version == "0.5.6":
             self.log(f"Decode batch. #running-req: {len(self.running)}, #token: {used}, token usage: {used / max(capacity, 1):.2f}, "
                      f"cuda graph: True, gen throughput (token/s): {throughput:.2f}, #queue-req: {len(self.waiting)}, ")
@@ -1156,6 +1342,7 @@ class Scheduler:
     def log_prefill(self, seqs: int, tokens: int, usage: float) -> None:
         """0.5.6: ``Prefill batch. #new-seq: ...``; 0.5.23 (metrics_reporter.py): ``Prefill batch, ...``
         with ``#pending-token``, the graph flag and the input throughput."""
+        self.report_metrics()
         if self.cfg.version == "0.5.6":
             self.log(f"Prefill batch. #new-seq: {seqs}, #new-token: {tokens}, #cached-token: 0, "
                      f"token usage: {usage:.2f}, #running-req: {len(self.running)}, #queue-req: {len(self.waiting)}, ")
@@ -1449,6 +1636,54 @@ class Launcher:
         raise AssertionError("unreachable")
 
 
+# 0.5.23's scheduler metrics the simulator serves (srt/observability/metrics_collector.py):
+# (name, type, documentation, key in the scheduler's report).
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+SCHEDULER_METRICS = (
+    ("sglang:num_running_reqs", "gauge", "The number of running requests.", "num_running_reqs"),
+    ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", "num_queue_reqs"),
+    ("sglang:token_usage", "gauge", "The token usage.", "token_usage"),
+    ("sglang:num_retracted_reqs", "gauge", "The number of retracted requests.", "num_retracted_reqs"),
+    ("sglang:num_retracted_requests_total", "counter", "Total number of retracted requests.", "retracted_total"),
+)
+
+
+def _go_float(value: float) -> str:
+    """prometheus_client's ``floatToGoString`` (finite values): ``3.0``, ``0.25``, ``1.234567e+06``."""
+    d = float(value)
+    s = repr(d)
+    dot = s.find(".")
+    if d > 0 and dot > 6:  # Go switches to exponents sooner than Python
+        mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1:]}".rstrip("0.")
+        return f"{mantissa}e+{dot - 1:02d}"
+    return s
+
+
+def _label_value(v: str) -> str:
+    return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+
+
+def prometheus_text(cfg: SimConfig, reports: dict[int, dict[str, Any]]) -> str:
+    """``GET /metrics`` as 0.5.23 exposes its scheduler metrics: one series per DP group's TP-0
+    scheduler, labels ``model_name``, ``engine_type``, ``tp_rank``, ``pp_rank``, ``moe_ep_rank``
+    (and ``dp_rank`` under DP). A labelled series appears once set: the gauges at the first
+    batch report, the retraction counter at the first retraction. The real page has many more
+    metrics (the tokenizer's histograms, ...); only these are simulated."""
+    out: list[str] = []
+    for name, kind, doc, key in SCHEDULER_METRICS:
+        lines = []
+        for dp, report in sorted(reports.items()):
+            if key not in report or (kind == "counter" and not report[key]):
+                continue
+            labels = {"engine_type": "unified", "model_name": cfg.served_model_name, "moe_ep_rank": "0",
+                      "pp_rank": "0", "tp_rank": "0", **({"dp_rank": str(dp)} if cfg.dp_size > 1 else {})}
+            labelstr = ",".join(f'{k}="{_label_value(v)}"' for k, v in sorted(labels.items()))
+            lines.append(f"{name}{{{labelstr}}} {_go_float(report[key])}\n")
+        if lines:  # the multiprocess collector shows a metric only once it has a sample
+            out += [f"# HELP {name} {doc}\n", f"# TYPE {name} {kind}\n", *lines]
+    return "".join(out)
+
+
 def _words(n: int) -> str:
     vocab = ("the", "model", "answers", "with", "some", "tokens", "of", "text")
     return " ".join(vocab[i % len(vocab)] for i in range(n))
@@ -1491,6 +1726,7 @@ class Frontend:
         self.leaders = [c for c in launcher.schedulers if c.rank and c.rank.leader]
         self.next_leader = itertools.cycle(range(len(self.leaders)))
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.metrics: dict[int, dict[str, Any]] = {}  # DP rank -> its leader's last metrics report
 
     # -- scheduler pipes
 
@@ -1511,6 +1747,14 @@ class Frontend:
                 msg = json.loads(line)
                 if msg["op"] == "ready":
                     await self.events.put(("ready", child, msg))
+                elif msg["op"] == "peak" and child.rank is not None:  # to the leader's TP peers
+                    for peer in self.launcher.schedulers:
+                        if peer.rank and peer.rank.dp == child.rank.dp and peer is not child:
+                            self.send(peer, msg)
+                elif msg["op"] == "metrics" and child.rank is not None:
+                    seen = self.metrics.setdefault(child.rank.dp, {})
+                    seen["retracted_total"] = msg["retracted_total"]
+                    seen.update(msg.get("gauges", {}))
                 elif (fut := self.pending.get(msg.get("rid", -1))) and not fut.done():
                     fut.set_result(msg)
                 if msg["op"] == "done":
@@ -1603,6 +1847,7 @@ class Frontend:
         r.add_get("/model_info", self.model_info)
         r.add_get("/get_model_info", self.model_info)
         r.add_post("/flush_cache", self.flush_cache)
+        r.add_get("/metrics", self.prometheus)
         if self.cfg.version != "0.5.6":
             r.add_post("/freeze_gc", self.freeze_gc)
         if self.cfg.version != "0.5.6":
@@ -1675,6 +1920,16 @@ class Frontend:
                                  "available_gpu_mem": facts["headroom"]}],
         })
 
+    async def prometheus(self, request: web.Request) -> web.Response:
+        """``--enable-metrics``: the scheduler gauges in Prometheus text (prometheus_client
+        0.26's ``generate_latest``: labels sorted, values as Go floats). Without the flag the
+        real server has no such route: FastAPI's 404 ``{"detail":"Not Found"}``."""
+        if not self.cfg.sglang_args.get("enable_metrics"):
+            return web.Response(status=404, text='{"detail":"Not Found"}', content_type="application/json")
+        await self.gate()
+        return web.Response(body=prometheus_text(self.cfg, self.metrics).encode(),
+                            headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
+
     async def model_info(self, request: web.Request) -> web.Response:
         return web.json_response({"model_path": self.cfg.model_path, "tokenizer_path": self.cfg.model_path,
                                   "is_generation": True})
@@ -1702,6 +1957,9 @@ class Frontend:
                 f"({self.cfg.context_len} tokens).")}}), content_type="application/json")
         leader = self.leaders[next(self.next_leader)]
         done = await self.call("req", leader, tokens=tokens, max_new=max_new)
+        if done.get("abort"):  # FINISH_ABORT with status 500
+            raise web.HTTPInternalServerError(text=json.dumps({"error": {"message": done["abort"]}}),
+                                              content_type="application/json")
         return {"text": " " + _words(done["completion_tokens"]), "prompt_tokens": done["prompt_tokens"],
                 "completion_tokens": done["completion_tokens"]}
 
