@@ -610,3 +610,33 @@ def test_a_group_nodes_etcd_reachability_and_leadership_are_gauges() -> None:
     assert value(registry, "events_total", event="group_etcd_unreachable") == 1
     metrics.emit(typed("group_etcd_recovered", {"down_s": 12.5}))
     assert value(registry, "group_etcd_up") == 1
+
+
+def test_each_link_is_up_or_down_and_counts_its_outages() -> None:
+    """link_up{link} is NaN until a link answers or fails; link_down sets it to 0 and counts
+    one outage, link_up back to 1. The group's own outage events, the router's registration,
+    the fleet's answers and the MQTT adapter's health hook feed the same series; a link the
+    daemon does not have is no label."""
+    from supervisor.core.events import LinkDown, LinkUp
+
+    metrics, registry = make()
+    assert all(math.isnan(value(registry, "link_up", link=link) or 0.0) for link in ("group", "router", "fleet", "mqtt"))
+    assert all(value(registry, "link_outages_total", link=link) == 0 for link in ("group", "router", "fleet", "mqtt"))
+    metrics.emit(typed("router_registered", {"worker_url": "http://h:1", "worker_id": "w"}))
+    assert value(registry, "link_up", link="router") == 1
+    metrics.emit(LinkDown(link="router", error="refused"))
+    assert (value(registry, "link_up", link="router"), value(registry, "link_outages_total", link="router")) == (0, 1)
+    metrics.emit(LinkUp(link="router", down_s=12.0))
+    metrics.emit(LinkDown(link="fleet", error="etcd away"))
+    assert (value(registry, "link_up", link="router"), value(registry, "link_up", link="fleet")) == (1, 0)
+    metrics.emit(typed("group_joined", {"group": "g", "node_rank": 0}))
+    metrics.emit(typed("group_etcd_unreachable", {"error": "unreachable"}))
+    assert (value(registry, "link_up", link="group"), value(registry, "link_outages_total", link="group")) == (0, 1)
+    metrics.emit(typed("group_etcd_recovered", {"down_s": 3.0}))
+    assert value(registry, "link_up", link="group") == 1
+    metrics.alerting_health("link", LinkDown(link="mqtt", error="broker away"))
+    assert (value(registry, "link_up", link="mqtt"), value(registry, "link_outages_total", link="mqtt")) == (0, 1)
+    metrics.alerting_health("link", LinkUp(link="mqtt", down_s=None))
+    assert value(registry, "link_up", link="mqtt") == 1
+    metrics.emit(LinkDown(link="elsewhere", error="?"))
+    assert value(registry, "link_outages_total", link="elsewhere") is None

@@ -59,6 +59,8 @@ from supervisor.core.events import (
     GroupLeader,
     HeadroomLow,
     Json,
+    LinkDown,
+    LinkUp,
     OrphansKilled,
     OrphansReaped,
     PortInUse,
@@ -112,6 +114,7 @@ COUNTED: tuple[type[Event], ...] = (
     DaemonFailed,
 )
 COUNTED_EVENTS = tuple(cls.kind for cls in COUNTED)  # the label values
+LINKS = ("group", "router", "fleet", "mqtt")  # supervisor.aio.Reconnect's links
 ROUTER_OPS = ("add", "remove", "list")  # supervisor.services.routing
 ROUTER_REMOVE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 PROBE_FAILURE_REASONS = ("http_status", "no_response")  # an answer that is not 200 / none
@@ -277,6 +280,10 @@ class Metrics:
         self.group_etcd_up = gauge("group_etcd_up", "1 while etcd answers the group's node, 0 during an outage (NaN = no [group]).")
         self.group_leader = gauge("group_leader", "1 while this node's daemon leads its group, else 0 (NaN = no [group]).")
         self.group_generation = gauge("group_generation", "The last generation the group's leader decided, seen from the leader (NaN = none yet).")
+        # The links the daemon reconnects (supervisor.aio.Reconnect): etcd for [group] and for
+        # [fleet], SGLang's router, the MQTT broker.
+        self.link_up = gauge("link_up", "1 while the link answers, 0 during an outage (NaN = not configured, or not answered or failed yet).", ["link"])
+        self.link_outages = counter("link_outages", "Outages of a link (each one however often it was retried).", ["link"])
 
         for metric, label_values in (
             (self.state, [s.value for s in State]),
@@ -288,12 +295,15 @@ class Metrics:
             (self.mqtt_connect_failures, MQTT_FAILURE_REASONS),
             (self.events, COUNTED_EVENTS),
             (self.router_call_failures, ROUTER_OPS),
+            (self.link_outages, LINKS),
         ):
             for value in label_values:
                 metric.labels(value)
         for unknown in (self.fraction, self.ladder_rung, self.mqtt_connected, self.group_etcd_up, self.group_leader,
                         self.group_generation):
             unknown.set(NAN)
+        for link in LINKS:
+            self.link_up.labels(link).set(NAN)
         self._set_ladder(fraction_ladder)
         self.headroom_min.set(_gauge_value(headroom_min_gb, GIB))
         self._set_state(State.STOPPED)
@@ -353,6 +363,7 @@ class Metrics:
                 self._probe(event)
             case RouterRegistered():
                 self.router_registered.set(1)
+                self._link("router", up=True)  # the router answered (a first answer is no link_up)
             case RouterRemoved(after_s=after_s):
                 self.router_registered.set(0)
                 if after_s is not None and math.isfinite(after_s) and after_s >= 0:
@@ -362,16 +373,27 @@ class Metrics:
             case GroupJoined():
                 self.group_etcd_up.set(1)
                 self.group_leader.set(0)
+                self.link_up.labels("group").set(1)
             case GroupLeader():
                 self.group_leader.set(1)
                 self.group_etcd_up.set(1)
             case GroupGeneration(number=number):
                 self.group_generation.set(number)
+            # The group's link reports its outages with its own events (one is an alert):
+            # the link metric reads them as the others' link_down / link_up.
             case GroupEtcdUnreachable():
                 self.group_etcd_up.set(0)
                 self.group_leader.set(0)  # a lost session ends a leadership
+                self._link("group", up=False)
             case GroupEtcdRecovered():
                 self.group_etcd_up.set(1)
+                self._link("group", up=True)
+            case LinkDown(link=link):
+                self._link(link, up=False)
+            case LinkUp(link=link):
+                self._link(link, up=True)
+            case FleetApplied() | FleetUpdated():
+                self._link("fleet", up=True)  # etcd answered the fleet (a first answer is no link_up)
             case _:
                 pass
 
@@ -389,8 +411,18 @@ class Metrics:
                 case "mqtt_connect_failed":
                     reason = value if isinstance(value, str) and value in MQTT_FAILURE_REASONS else "error"
                     self.mqtt_connect_failures.labels(reason).inc()
+                case "link" if isinstance(value, LinkDown | LinkUp):
+                    self._dispatch(value)
         except Exception as exc:  # metrics trouble must not stop alerting
             log.warning("metrics_event_failed", daemon_event=kind, error=repr(exc))
+
+    def _link(self, link: str, *, up: bool) -> None:
+        """A link answered (``up``) or an outage of it began."""
+        if link not in LINKS:
+            return  # a bounded label: only the links the daemon has
+        self.link_up.labels(link).set(1 if up else 0)
+        if not up:
+            self.link_outages.labels(link).inc()
 
     # -- state ---------------------------------------------------------------------------
 
