@@ -17,6 +17,15 @@ Two rules hold in the whole package (``tests/test_lint.py`` keeps them):
 SGLang's router, the MQTT broker): the project's one backoff, an attempt count that starts
 again after a good session, and one report per outage (when it begins, and when it ends
 with its duration), never one per retry.
+
+Why not a library: ``stamina`` (on tenacity) retries a *call* until it succeeds, within an
+attempt and time budget (10 tries, 45 s by default), and reports every retry to its hooks
+(a log line, a counter, per retry). A session loop is the other shape: its "call" is a
+connection that succeeds for hours and then breaks, the count must start again after a
+good session rather than when a call returns, and an outage is reported once. Its jitter is
+also added to the wait, not the project's window around it. A retry library would have to
+be re-started per session and have its hooks silenced; this is the one loop, on the
+project's own backoff, in less code than that glue, and with no new dependency.
 """
 
 from __future__ import annotations
