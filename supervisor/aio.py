@@ -12,17 +12,36 @@ Two rules hold in the whole package (``tests/test_lint.py`` keeps them):
   re-raises. The one place where a ``CancelledError`` is expected and dropped is awaiting
   a *child* task that was cancelled on purpose: ``cancel_and_wait`` and ``settled`` do
   that, and raise when the caller itself is cancelled while it waits.
+
+``Reconnect`` is the one reconnect loop of the package (etcd for a group and for the fleet,
+SGLang's router, the MQTT broker): the project's one backoff, an attempt count that starts
+again after a good session, and one report per outage (when it begins, and when it ends
+with its duration), never one per retry.
+
+Why not a library: ``stamina`` (on tenacity) retries a *call* until it succeeds, within an
+attempt and time budget (10 tries, 45 s by default), and reports every retry to its hooks
+(a log line, a counter, per retry). A session loop is the other shape: its "call" is a
+connection that succeeds for hours and then breaks, the count must start again after a
+good session rather than when a call returns, and an outage is reported once. Its jitter is
+also added to the wait, not the project's window around it. A retry library would have to
+be re-started per session and have its hooks silenced; this is the one loop, on the
+project's own backoff, in less code than that glue, and with no new dependency.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterable
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from supervisor.core.backoff import exponential_backoff
 
 T = TypeVar("T")
 
-__all__ = ["cancel_and_wait", "settled", "within"]
+__all__ = ["Backoff", "Reconnect", "cancel_and_wait", "settled", "within"]
 
 
 async def within(aw: Awaitable[T], seconds: float | None) -> T:
@@ -104,3 +123,127 @@ def _frame(frame: Any) -> str:
 def _short(obj: Any) -> str:
     text = repr(obj)
     return text if len(text) <= 160 else text[:157] + "..."
+
+
+# -- reconnecting ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """A link's waits between tries: ``core.backoff.exponential_backoff`` (``initial *
+    factor**n``, capped at ``maximum``, times a jitter drawn in ``jitter``)."""
+
+    initial: float
+    maximum: float
+    factor: float = 2.0
+    jitter: tuple[float, float] = (0.5, 1.0)
+
+    def delay(self, attempt: int, sample: float) -> float:
+        """The wait after failure number ``attempt`` (from 0) of an outage; ``sample`` in [0, 1)."""
+        return exponential_backoff(attempt, initial=self.initial, factor=self.factor, maximum=self.maximum,
+                                   jitter=self.jitter, sample=sample)
+
+
+def _nothing(*_args: object) -> None:
+    return None
+
+
+class Reconnect:
+    """One link's reconnects: sessions (or calls) one after another, a backoff between them.
+
+    The rules, the same for every link:
+
+    - the wait after a failure is ``backoff.delay(attempt)``, ``attempt`` counting the
+      failures since the last good session: it grows to the cap while the link is away and
+      starts again at 0 after a session that was good, that is one that reported
+      ``connected()`` (its handshake done, a call answered) and then lasted ``good_after_s``
+      (0: as soon as it connected). A link that accepts and drops at once keeps backing off;
+    - an outage is reported once: ``on_down(error)`` at its first failure (a session that
+      was up broke, or the very first try failed), ``on_up(down_s)`` when the link connects
+      again, with the outage's duration (None: the first connection, no outage before it).
+      Retries in between report nothing (the caller may count them, not log them).
+
+    ``run(session)`` is the loop for a session that runs until it breaks; a caller whose
+    tries are single calls (a periodic reconcile) uses ``connected()`` and ``failed(error)``
+    itself and waits the delay ``failed`` returns. A cancellation is never caught: it ends
+    ``run`` at once, whatever it was doing. ``clock``, ``sleep`` and ``rng`` are injected for
+    tests (``sleep`` is only ``run``'s wait).
+    """
+
+    def __init__(
+        self,
+        link: str,
+        backoff: Backoff,
+        *,
+        on_down: Callable[[BaseException], None] = _nothing,
+        on_up: Callable[[float | None], None] = _nothing,
+        good_after_s: float = 0.0,
+        retry_on: type[Exception] | tuple[type[Exception], ...] = Exception,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+    ) -> None:
+        self.link = link
+        self.backoff = backoff
+        self._on_down = on_down
+        self._on_up = on_up
+        self._good_after_s = good_after_s
+        self._retry_on = retry_on
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self._sleep = sleep
+        self.attempt = 0  # failures since the last good session: the backoff's n
+        self.up = False
+        self._up_since: float | None = None
+        self._down_since: float | None = None  # the current outage's start; None: not in one
+        self.outages = 0
+
+    @property
+    def in_outage(self) -> bool:
+        """An outage began (its ``on_down`` was reported) and has not ended."""
+        return self._down_since is not None
+
+    def connected(self) -> None:
+        """The session is up (its handshake done) or the call answered: an outage ends here
+        (``on_up``, once), and a session that lasts ``good_after_s`` resets the backoff."""
+        now = self._clock()
+        if self._good_after_s <= 0:
+            self.attempt = 0
+        if self.up:
+            return
+        self.up = True
+        self._up_since = now
+        down_s = None if self._down_since is None else round(max(0.0, now - self._down_since), 3)
+        self._down_since = None
+        self._on_up(down_s)
+
+    def failed(self, error: BaseException) -> float:
+        """A session broke or a try failed: the wait before the next try. The first failure
+        of an outage reports it (``on_down``); the next ones only count."""
+        now = self._clock()
+        if self.up and self._up_since is not None and now - self._up_since >= self._good_after_s:
+            self.attempt = 0  # a good session: this outage backs off from the start
+        delay = self.backoff.delay(self.attempt, self._rng.random())
+        self.attempt += 1
+        if self.up or self._down_since is None:
+            self.up = False
+            self._up_since = None
+            self._down_since = now
+            self.outages += 1
+            self._on_down(error)
+        return delay
+
+    async def run(self, session: Callable[[], Awaitable[object]]) -> None:
+        """``await session()`` again and again, ``failed``'s wait after each failure (an
+        exception of ``retry_on``), until a session returns: the caller's own end (a close).
+        The session calls ``connected()`` once it is up."""
+        while True:
+            try:
+                await session()
+            except asyncio.CancelledError:
+                raise
+            except self._retry_on as exc:
+                delay = self.failed(exc)
+            else:
+                return
+            await self._sleep(delay)

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from supervisor.sinks.metrics import Metrics
 from tests.conftest import require_binary
-from tests.edge import edge
+from tests.edge import typed
 
 ETC = Path(__file__).resolve().parent.parent / "etc" / "prometheus"
 RULES = ETC / "alerts.yml"
@@ -77,7 +77,7 @@ def test_every_alert_has_a_unit_test_that_expects_it_to_fire() -> None:
 def test_rules_name_only_metrics_the_supervisor_exports() -> None:
     """Every sglang_supervisor_* name in the rules is in a scrape of the Metrics registry."""
     registry = CollectorRegistry()
-    Metrics(registry).emit(edge("startup_facts", {"ranks": {"TP0": {"avail_mem_after_capture_gb": 1.0}}}))
+    Metrics(registry).emit(typed("startup_facts", {"ranks": {"TP0": {"avail_mem_after_capture_gb": 1.0}}}))
     exported = set(re.findall(r"^(sglang_supervisor_\w+)", generate_latest(registry).decode(), re.MULTILINE))
     named = set(re.findall(r"\bsglang_supervisor_\w+", RULES.read_text()))
     assert named and named <= exported, named - exported

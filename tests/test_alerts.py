@@ -383,3 +383,21 @@ def test_the_restart_alert_of_a_real_event_order_names_the_fraction_that_crashed
                                      for e in actions if isinstance(e, Emit)) if a is not None}
     for kind in ("crash", "restart", "recovered"):
         assert (alerts[kind]["mem_fraction_static"], alerts[kind]["next_mem_fraction_static"]) == (0.93, 0.88), kind
+
+
+async def test_a_broker_outage_is_one_line_and_one_link_down_however_often_it_is_retried() -> None:
+    """Every refused connect is counted (connect_failures, mqtt_connect_failed to the health
+    hook), but only the first of the outage is a warning; the others are debug lines. The
+    link metric's hook hears of the outage once."""
+    health: list[tuple[str, Any]] = []
+    with capture_logs() as logs:
+        a = alerter(closed_port_cfg(), on_health=lambda k, v: health.append((k, v)))
+        await a.start()
+        await until(lambda: a.connect_failures >= 4, what="four failed connects")
+        await a.aclose(5)
+    loud = [e for e in logs if e["event"] == "mqtt_connect_failed" and e["log_level"] != "debug"]
+    assert len(loud) == 1 and loud[0]["log_level"] == "warning" and "Connection refused" in loud[0]["detail"]
+    links = [v for k, v in health if k == "link"]
+    assert [(type(v).__name__, v.link) for v in links] == [("LinkDown", "mqtt")]
+    assert "Connection refused" in links[0].error
+    assert [k for k, _ in health].count("mqtt_connect_failed") == a.connect_failures

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.sinks.metrics import Metrics
 from tests.conftest import require_binary
-from tests.edge import edge
+from tests.edge import typed
 from tests.test_metrics import STARTUP_FACTS, feed, night
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "etc" / "grafana" / "sglang-supervisor.json"
@@ -97,8 +97,8 @@ def exported_names() -> set[str]:
     registry = CollectorRegistry()
     metrics = Metrics(registry)
     feed(metrics, night())
-    metrics.emit(edge("startup_facts", STARTUP_FACTS))  # rank series exist only once a run reports them
-    metrics.emit(edge("gpu_sample", {"gpus": [{"index": 0, "uuid": "GPU-a", "total_bytes": 2, "free_bytes": 1}]}))
+    metrics.emit(typed("startup_facts", STARTUP_FACTS))  # rank series exist only once a run reports them
+    metrics.emit(typed("gpu_sample", {"gpus": [{"index": 0, "uuid": "GPU-a", "total_bytes": 2, "free_bytes": 1}]}))
     text = generate_latest(registry).decode()
     return {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from supervisor.adapters.ports import GpuInfo
+from supervisor.aio import Backoff
 from supervisor.core import events as ev
 from supervisor.core.config import Config, ConfigError, build_config
 from supervisor.core.fleet import FLEET_PREFIX, RECORD_OOMS, FleetOom, FleetRecord, merge
@@ -35,6 +36,7 @@ from supervisor.core.messages import (
 )
 from supervisor.core.model import Cause, Diagnosis, ExitStatus, Phase, State
 from supervisor.core.state import Core, Learned
+from supervisor.services import fleet_sync
 from supervisor.services.fleet_sync import FleetSync, gpu_identity
 
 KEY = f"{FLEET_PREFIX}/moonshotai_Kimi-K2.5/0.5.23/Simulated_GPU_96GB-98304MiB/tp8-dp1-pp1-ep1-n1/abcdef012345"
@@ -365,3 +367,35 @@ def test_lessons_without_a_key_wait_for_the_next_launch_quietly() -> None:
         assert shared == [(lesson,)] and advice.key in store.data
 
     asyncio.run(go())
+
+
+def test_an_etcd_outage_is_one_link_down_and_one_link_up_for_the_fleet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read that finds etcd away begins the outage (one link_down); the write retries
+    that follow are fleet_errors, each waiting a longer step, and no more link_downs; the
+    write that goes through ends it (one link_up)."""
+    monkeypatch.setattr(fleet_sync, "RETRY", Backoff(initial=0.001, maximum=0.016, jitter=(1.0, 1.0)))
+    cfg = make_cfg(gpu={"backend": "nvml"})
+    store, events, shared = FakeKv(), [], []
+    store.fail = ConnectionError("etcd http://127.0.0.1:1: connection refused")
+
+    async def go() -> None:
+        s = sync(store, events, shared)
+        advice = await s.advice(cfg, GPUS)
+        task = asyncio.create_task(s.run())
+        s.share((FleetOom(0.93, 0.88, "T1", "cuda_oom_runtime", "kimi", "kimi", key=advice.key),))
+        async with asyncio.timeout(30):
+            while sum(isinstance(e, ev.FleetError) and e.op == "write" for e in events) < 4:
+                await asyncio.sleep(0.001)
+            store.fail = None
+            while not shared:
+                await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go())
+    links = [e for e in events if isinstance(e, ev.LinkDown | ev.LinkUp)]
+    assert [(type(e).__name__, e.link) for e in links] == [("LinkDown", "fleet"), ("LinkUp", "fleet")]
+    assert "connection refused" in links[0].error
+    waits = [e.retry_s for e in events if isinstance(e, ev.FleetError) and e.op == "write"]
+    assert waits[:4] == [0.002, 0.004, 0.008, 0.016]  # the read was the outage's first try

@@ -11,12 +11,14 @@ patience); the next one is written after its backoff, as a due write, never a sl
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import random
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 
 import pytest
 
-from supervisor.adapters.ports import Lease
+from supervisor.adapters.ports import EtcdError, Lease
+from supervisor.aio import Backoff
 from supervisor.core import events as ev
 from supervisor.core.config import PolicyConfig, build_config
 from supervisor.core.group import (
@@ -32,6 +34,7 @@ from supervisor.core.group import (
     leader_step,
 )
 from supervisor.core.model import Cause, Diagnosis, Phase, State
+from supervisor.services import grouping
 from supervisor.services.grouping import GroupSync
 
 TTL = 15.0
@@ -226,3 +229,75 @@ def test_a_node_writes_the_report_of_its_rank_before_it_says_it_waits() -> None:
         return etcd.keys
 
     assert asyncio.run(scenario()) == ["/sglang-supervisor/groups/g/reports/1/1", "/sglang-supervisor/groups/g/nodes/1"]
+
+
+class FlakyEtcd:
+    """etcd that refuses ``refusals`` connects, then serves a session until ``drop`` is set
+    (its lease's keep-alive then fails), then refuses again."""
+
+    def __init__(self, refusals: int) -> None:
+        self.refusals = refusals
+        self.connects = 0
+        self.drop = asyncio.Event()
+
+    async def connect(self) -> None:
+        self.connects += 1
+        if self.refusals > 0:
+            self.refusals -= 1
+            raise EtcdError("etcd 127.0.0.1:2379: unreachable")
+
+    async def grant(self, ttl_s: int) -> Lease:
+        return Lease(self.connects, ttl_s)
+
+    async def get_prefix(self, prefix: str) -> tuple[list[object], int]:
+        return [], 1
+
+    async def keep_alive(self, lease: Lease) -> None:
+        await self.drop.wait()
+        self.drop.clear()
+        self.refusals = 3
+        raise EtcdError("etcd 127.0.0.1:2379: lease lost")
+
+    async def watch_prefix(self, prefix: str, start_revision: int = 0) -> AsyncIterator[object]:
+        await asyncio.Event().wait()
+        yield None
+
+    async def campaign(self, prefix: str, lease: Lease, value: bytes = b"") -> None:
+        await asyncio.Event().wait()
+
+    async def put(self, key: str, value: bytes, lease: object = None) -> int:
+        return 1
+
+    async def put_if(self, key: str, value: bytes, mod_revision: int, lease: object = None) -> int:
+        return 1
+
+
+def test_an_etcd_outage_is_reported_once_when_it_begins_and_once_when_it_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three refused connects are one group_etcd_unreachable; the session that follows says
+    group_etcd_recovered once; a lost lease begins the next outage, reported once again."""
+    monkeypatch.setattr(grouping, "RECONNECT", Backoff(initial=0.001, maximum=0.004))
+
+    async def scenario() -> list[str]:
+        etcd = FlakyEtcd(refusals=3)
+        cfg = build_config({"server": {"model_path": "/m"}, "etcd": {"endpoints": ["127.0.0.1:2379"]},
+                            "group": {"name": "g", "node_rank": 1, "nnodes": 2, "dist_init_addr": "h:1"}})
+        seen: list[str] = []
+        sync = GroupSync(etcd, cfg, config_hash="h", host="n1", post=lambda e: None,  # type: ignore[arg-type]
+                         emit=lambda e: seen.append(e.kind), rng=random.Random(0))
+        task = asyncio.create_task(sync.run())
+        async with asyncio.timeout(30):
+            while seen.count("group_joined") < 1:
+                await asyncio.sleep(0.001)
+            assert sync.etcd_up and etcd.connects == 4
+            etcd.drop.set()
+            while seen.count("group_joined") < 2:
+                await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert etcd.connects == 8
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert seen == ["group_etcd_unreachable", "group_etcd_recovered", "group_joined",
+                    "group_etcd_unreachable", "group_etcd_recovered", "group_joined"]

@@ -35,7 +35,7 @@ from supervisor.sinks.metrics import (
     start_metrics_server,
 )
 from tests.conftest import require_binary
-from tests.edge import edge
+from tests.edge import typed
 
 P = "sglang_supervisor_"
 LADDER = (0.93, 0.88, 0.85, 0.82, 0.80)
@@ -63,7 +63,7 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None
 
 def feed(metrics: Metrics, events: list[tuple[str, Mapping[str, Any]]]) -> None:
     for event, fields in events:
-        metrics.emit(edge(event, fields))
+        metrics.emit(typed(event, fields))
 
 
 # The seed run's rank facts: 0.82 GB of headroom after CUDA-graph capture at 0.93.
@@ -115,7 +115,7 @@ def test_crash_counts_its_cause_and_records_time_and_failures() -> None:
     """A crash event bumps its cause's counter, stamps the wall clock and mirrors consecutive_failures."""
     clock = FakeClock(1_800_000_000.0)
     metrics, registry = make(clock=clock)
-    metrics.emit(edge("crash", {"cause": "cuda_oom_runtime", "consecutive_failures": 3}))
+    metrics.emit(typed("crash", {"cause": "cuda_oom_runtime", "consecutive_failures": 3}))
     assert value(registry, "crashes_total", cause="cuda_oom_runtime") == 1
     assert value(registry, "crashes_total", cause="host_oom") == 0
     assert value(registry, "last_crash_timestamp_seconds") == 1_800_000_000.0
@@ -123,23 +123,27 @@ def test_crash_counts_its_cause_and_records_time_and_failures() -> None:
 
 
 def test_unknown_cause_is_counted_as_other() -> None:
-    """A cause outside the Cause enum never becomes a new label value."""
+    """A cause outside the Cause enum never becomes a new label value: a typed crash cannot
+    carry one (the stand-in that does is ignored), and a cause read as other counts as other."""
     metrics, registry = make()
-    metrics.emit(edge("crash", {"cause": "something new"}))
-    metrics.emit(edge("restart_scheduled", {"cause": None, "delay_s": 1}))
+    metrics.emit(typed("crash", {"cause": "something new"}))  # no Crash holds it: an Edge, ignored
+    metrics.emit(typed("restart_scheduled", {"cause": None, "delay_s": 1}))  # None where a Cause must be: logged, ignored
+    metrics.emit(typed("crash", {"cause": "other"}))
+    metrics.emit(typed("restart_scheduled", {"cause": "other", "delay_s": 1}))
     assert value(registry, "crashes_total", cause="other") == 1
     assert value(registry, "restarts_total", cause="other") == 1
     assert value(registry, "crashes_total", cause="something new") is None
+    assert value(registry, "restarts_total", cause="None") is None
 
 
 def test_backoff_delay_shows_while_waiting_and_clears_on_the_next_start() -> None:
     """restart_scheduled sets the delay; leaving BACKOFF resets it to 0."""
     metrics, registry = make()
-    metrics.emit(edge("state_changed", {"to": "BACKOFF"}))
-    metrics.emit(edge("restart_scheduled", {"delay_s": 20.0, "cause": "hang", "rung": 0}))
+    metrics.emit(typed("state_changed", {"to": "BACKOFF"}))
+    metrics.emit(typed("restart_scheduled", {"delay_s": 20.0, "cause": "hang", "rung": 0}))
     assert value(registry, "backoff_delay_seconds") == 20.0
     assert value(registry, "restarts_total", cause="hang") == 1
-    metrics.emit(edge("state_changed", {"to": "PREPARING"}))
+    metrics.emit(typed("state_changed", {"to": "PREPARING"}))
     assert value(registry, "backoff_delay_seconds") == 0
 
 
@@ -150,7 +154,7 @@ def test_state_is_a_stateset_with_exactly_the_current_state_set() -> None:
     """Every State has a series; only the one last changed to reads 1."""
     metrics, registry = make()
     assert value(registry, "state", state="STOPPED") == 1
-    metrics.emit(edge("state_changed", {"from": "STOPPED", "to": "BACKOFF"}))
+    metrics.emit(typed("state_changed", {"from": "STOPPED", "to": "BACKOFF"}))
     readings = {s: value(registry, "state", state=s.value) for s in State}
     assert readings == {s: (1.0 if s is State.BACKOFF else 0.0) for s in State}
 
@@ -158,26 +162,26 @@ def test_state_is_a_stateset_with_exactly_the_current_state_set() -> None:
 def test_server_up_follows_ready_state_and_probes() -> None:
     """Up is 1 only in READY with a passing last probe; a failing probe or a crash drops it."""
     metrics, registry = make()
-    metrics.emit(edge("state_changed", {"to": "STARTING"}))
+    metrics.emit(typed("state_changed", {"to": "STARTING"}))
     assert value(registry, "server_up") == 0
-    metrics.emit(edge("state_changed", {"to": "READY"}))
+    metrics.emit(typed("state_changed", {"to": "READY"}))
     assert value(registry, "server_up") == 1
-    metrics.emit(edge("probe", {"ok": False, "duration_s": 30.0, "status": None}))
+    metrics.emit(typed("probe", {"ok": False, "duration_s": 30.0, "status": None}))
     assert value(registry, "server_up") == 0
-    metrics.emit(edge("probe", {"ok": True, "duration_s": 1.0, "status": 200}))
+    metrics.emit(typed("probe", {"ok": True, "duration_s": 1.0, "status": 200}))
     assert value(registry, "server_up") == 1
-    metrics.emit(edge("crash", {"cause": "hang"}))
+    metrics.emit(typed("crash", {"cause": "hang"}))
     assert value(registry, "server_up") == 0
 
 
 def test_gave_up_is_set_by_the_event_or_state_and_cleared_by_a_launch() -> None:
     """gave_up reads 1 after giving up and 0 again once the server is launched anew."""
     metrics, registry = make()
-    metrics.emit(edge("gave_up", {"reason": "dead GPU", "cause": "gpu_hw_error"}))
+    metrics.emit(typed("gave_up", {"reason": "dead GPU", "cause": "gpu_hw_error"}))
     assert value(registry, "gave_up") == 1
-    metrics.emit(edge("launch", {"mem_fraction_static": 0.9, "rung": None}))
+    metrics.emit(typed("launch", {"mem_fraction_static": 0.9, "rung": None}))
     assert value(registry, "gave_up") == 0
-    metrics.emit(edge("state_changed", {"to": "GAVE_UP"}))
+    metrics.emit(typed("state_changed", {"to": "GAVE_UP"}))
     assert value(registry, "gave_up") == 1
 
 
@@ -187,7 +191,7 @@ def test_gave_up_is_set_by_the_event_or_state_and_cleared_by_a_launch() -> None:
 def test_launch_sets_fraction_hicache_bytes_and_rung() -> None:
     """A launch publishes its fraction, its host cache in bytes (decimal GB) and its rung."""
     metrics, registry = make(fraction_ladder=LADDER)
-    metrics.emit(edge("launch", {"mem_fraction_static": 0.88, "hicache_size_gb": 64, "rung": 1}))
+    metrics.emit(typed("launch", {"mem_fraction_static": 0.88, "hicache_size_gb": 64, "rung": 1}))
     assert value(registry, "mem_fraction_static") == 0.88
     assert value(registry, "hicache_size_bytes") == 64 * HICACHE_GB
     assert value(registry, "mem_fraction_ladder_rung") == 1
@@ -197,7 +201,7 @@ def test_launch_sets_fraction_hicache_bytes_and_rung() -> None:
 def test_fraction_left_to_sglang_reads_nan() -> None:
     """A launch without a fraction (SGLang computes it) exports NaN, never a fake number."""
     metrics, registry = make()
-    metrics.emit(edge("launch", {"mem_fraction_static": None, "hicache_size_gb": None, "rung": None}))
+    metrics.emit(typed("launch", {"mem_fraction_static": None, "hicache_size_gb": None, "rung": None}))
     assert math.isnan(value(registry, "mem_fraction_static") or 0.0)
     assert math.isnan(value(registry, "mem_fraction_ladder_rung") or 0.0)
     assert value(registry, "hicache_size_bytes") == 0
@@ -211,7 +215,7 @@ def test_ladder_floor_and_headroom_minimum_come_from_the_config_and_headroom_low
     metrics, registry = make(fraction_ladder=(0.9, 0.7), headroom_min_gb=2)
     assert value(registry, "mem_fraction_static_floor") == 0.7
     assert value(registry, "headroom_min_bytes") == 2 * GIB
-    metrics.emit(edge("headroom_low", {"avail_mem_gb": 0.5, "threshold_gb": 3.0, "rank": "TP0", "action": "warn"}))
+    metrics.emit(typed("headroom_low", {"avail_mem_gb": 0.5, "threshold_gb": 3.0, "rank": "TP0", "action": "warn"}))
     assert value(registry, "headroom_min_bytes") == 3 * GIB
     assert value(registry, "events_total", event="headroom_low") == 1
 
@@ -222,8 +226,8 @@ def test_ladder_floor_and_headroom_minimum_come_from_the_config_and_headroom_low
 def test_startup_duration_is_observed_once_per_ready_server() -> None:
     """server_ready feeds the startup histogram; recovered (its companion) does not count twice."""
     metrics, registry = make()
-    metrics.emit(edge("server_ready", {"startup_s": 700.0, "mem_fraction_static": 0.88}))
-    metrics.emit(edge("recovered", {"startup_s": 700.0, "mem_fraction_static": 0.88, "cause": "hang"}))
+    metrics.emit(typed("server_ready", {"startup_s": 700.0, "mem_fraction_static": 0.88}))
+    metrics.emit(typed("recovered", {"startup_s": 700.0, "mem_fraction_static": 0.88, "cause": "hang"}))
     assert value(registry, "startup_duration_seconds_count") == 1
     assert value(registry, "startup_duration_seconds_bucket", le="600.0") == 0
     assert value(registry, "startup_duration_seconds_bucket", le="900.0") == 1
@@ -233,10 +237,10 @@ def test_startup_duration_is_observed_once_per_ready_server() -> None:
 def test_probes_of_a_started_server_feed_duration_and_failures_by_reason() -> None:
     """Probes after startup are timed; a 503 and a timeout count under different reasons."""
     metrics, registry = make()
-    metrics.emit(edge("state_changed", {"to": "READY"}))
-    metrics.emit(edge("probe", {"ok": True, "duration_s": 1.1, "status": 200}))
-    metrics.emit(edge("probe", {"ok": False, "duration_s": 20.5, "status": 503}))
-    metrics.emit(edge("probe", {"ok": False, "duration_s": 30.0, "status": None, "error": "timeout"}))
+    metrics.emit(typed("state_changed", {"to": "READY"}))
+    metrics.emit(typed("probe", {"ok": True, "duration_s": 1.1, "status": 200}))
+    metrics.emit(typed("probe", {"ok": False, "duration_s": 20.5, "status": 503}))
+    metrics.emit(typed("probe", {"ok": False, "duration_s": 30.0, "status": None, "error": "timeout"}))
     assert value(registry, "health_probe_duration_seconds_count") == 3
     assert value(registry, "health_probe_duration_seconds_bucket", le="1.5") == 1
     assert value(registry, "health_probe_failures_total", reason="http_status") == 1
@@ -246,8 +250,8 @@ def test_probes_of_a_started_server_feed_duration_and_failures_by_reason() -> No
 def test_startup_polls_are_not_probe_failures() -> None:
     """While STARTING the port is closed by design: those polls are not counted."""
     metrics, registry = make()
-    metrics.emit(edge("state_changed", {"to": "STARTING"}))
-    metrics.emit(edge("probe", {"ok": False, "duration_s": 0.001, "status": None}))
+    metrics.emit(typed("state_changed", {"to": "STARTING"}))
+    metrics.emit(typed("probe", {"ok": False, "duration_s": 0.001, "status": None}))
     assert value(registry, "health_probe_failures_total", reason="no_response") == 0
     assert value(registry, "health_probe_duration_seconds_count") == 0
 
@@ -258,7 +262,7 @@ def test_startup_polls_are_not_probe_failures() -> None:
 def test_gpu_sample_exports_total_and_free_per_gpu_with_dcgm_labels() -> None:
     """Each sampled GPU gets total/free bytes labelled gpu (index) and UUID, like DCGM exporter."""
     metrics, registry = make()
-    metrics.emit(edge("gpu_sample", {"gpus": [
+    metrics.emit(typed("gpu_sample", {"gpus": [
         {"index": 0, "uuid": "GPU-aaa", "total_bytes": 150 * GIB, "free_bytes": 3 * GIB, "used_bytes": 147 * GIB},
         {"index": 1, "uuid": "GPU-bbb", "total_bytes": 150 * GIB, "free_bytes": 149 * GIB, "used_bytes": GIB},
     ]}))
@@ -276,7 +280,7 @@ def test_startup_facts_export_per_rank_memory_in_bytes_until_the_next_launch() -
     assert value(registry, "rank_max_total_num_tokens", rank="TP0") == 1_000_000
     assert value(registry, "rank_weights_bytes", rank="TP0") == 80 * GIB
     assert value(registry, "rank_max_total_num_tokens", rank="TP1") is None
-    metrics.emit(edge("launch", {"mem_fraction_static": 0.88, "rung": 1}))
+    metrics.emit(typed("launch", {"mem_fraction_static": 0.88, "rung": 1}))
     assert value(registry, "rank_avail_memory_after_capture_bytes", rank="TP0") is None
 
 
@@ -294,13 +298,13 @@ def rank_gpu(registry: CollectorRegistry) -> dict[str, dict[str, str]]:
 
 
 def gpu_sample(*uuids: tuple[int, str]) -> Any:
-    return edge("gpu_sample", {"gpus": [
+    return typed("gpu_sample", {"gpus": [
         {"index": index, "uuid": uuid, "total_bytes": 80 * GIB, "free_bytes": GIB} for index, uuid in uuids
     ]})
 
 
 def facts(*ranks: str) -> Any:
-    return edge("startup_facts", {"ranks": {r: {"rank": r, "avail_mem_after_capture_gb": 1.0} for r in ranks}, "progress": "ready"})
+    return typed("startup_facts", {"ranks": {r: {"rank": r, "avail_mem_after_capture_gb": 1.0} for r in ranks}, "progress": "ready"})
 
 
 def test_rank_gpu_info_ties_each_tp_rank_to_its_gpu_with_dcgm_labels() -> None:
@@ -331,7 +335,7 @@ def test_rank_gpu_info_is_cleared_by_a_launch_and_replaced_by_the_next_runs_rank
     metrics.emit(gpu_sample((0, "GPU-a"), (1, "GPU-b")))
     metrics.emit(facts("TP0", "TP1"))
     assert set(rank_gpu(registry)) == {"TP0", "TP1"}
-    metrics.emit(edge("launch", {"mem_fraction_static": 0.88, "rung": 1}))
+    metrics.emit(typed("launch", {"mem_fraction_static": 0.88, "rung": 1}))
     assert rank_gpu(registry) == {}
     metrics.emit(gpu_sample((0, "GPU-a"), (1, "GPU-b")))  # samples alone bring nothing back
     assert rank_gpu(registry) == {}
@@ -368,9 +372,9 @@ def test_rank_gpu_info_leaves_out_ranks_beyond_the_known_gpus() -> None:
 def test_gpu_memory_stuck_is_raised_by_its_event_and_cleared_by_a_launch() -> None:
     """The stuck flag reads 1 after gpu_memory_stuck and 0 after the next launch."""
     metrics, registry = make()
-    metrics.emit(edge("gpu_memory_stuck", {"gpus": [{"index": 0, "uuid": "GPU-aaa", "free_bytes": 0, "total_bytes": 1}], "timeout_s": 120}))
+    metrics.emit(typed("gpu_memory_stuck", {"gpus": [{"index": 0, "uuid": "GPU-aaa", "free_bytes": 0, "total_bytes": 1}], "timeout_s": 120}))
     assert value(registry, "gpu_memory_stuck") == 1
-    metrics.emit(edge("launch", {"mem_fraction_static": 0.93, "rung": 0}))
+    metrics.emit(typed("launch", {"mem_fraction_static": 0.93, "rung": 0}))
     assert value(registry, "gpu_memory_stuck") == 0
 
 
@@ -394,13 +398,14 @@ def test_the_mqtt_adapters_health_hook_feeds_the_same_metrics() -> None:
 
 
 def test_alerting_health_events_count_by_kind_and_track_the_connection() -> None:
-    """alert_sent/alert_dropped count per kind (unknown kinds as other); mqtt_connected is NaN until reported."""
+    """alert_sent/alert_dropped count per kind (unknown kinds as other); mqtt_connected is NaN until reported.
+    (The MQTT adapter's reports are not daemon events: they come through its hook, alerting_health.)"""
     metrics, registry = make()
     assert math.isnan(value(registry, "mqtt_connected") or 0.0)
-    metrics.emit(edge("mqtt_connected", {"connected": True}))
-    metrics.emit(edge("alert_sent", {"kind": "crash"}))
-    metrics.emit(edge("alert_dropped", {"kind": "weird", "reason": "outbox full"}))
-    metrics.emit(edge("mqtt_connected", {"connected": False}))
+    metrics.alerting_health("mqtt_connected", True)
+    metrics.alerting_health("alert_sent", "crash")
+    metrics.alerting_health("alert_dropped", "weird")
+    metrics.alerting_health("mqtt_connected", False)
     assert value(registry, "alerts_sent_total", kind="crash") == 1
     assert value(registry, "alerts_dropped_total", kind="other") == 1
     assert value(registry, "mqtt_connected") == 0
@@ -447,7 +452,7 @@ def test_registries_are_independent() -> None:
     """Two Metrics on two registries neither collide nor share values (no global registry)."""
     first, first_registry = make()
     _, second_registry = make()
-    first.emit(edge("crash", {"cause": "host_oom"}))
+    first.emit(typed("crash", {"cause": "host_oom"}))
     assert value(first_registry, "crashes_total", cause="host_oom") == 1
     assert value(second_registry, "crashes_total", cause="host_oom") == 0
 
@@ -501,7 +506,7 @@ async def test_bad_listen_address_raises_metrics_error(listen: str) -> None:
 async def test_port_zero_binds_exactly_the_host_and_reports_the_real_port() -> None:
     """Port 0 picks a free port, readable back, listening on 127.0.0.1 only; close stops it."""
     metrics, registry = make()
-    metrics.emit(edge("crash", {"cause": "cuda_oom_runtime"}))
+    metrics.emit(typed("crash", {"cause": "cuda_oom_runtime"}))
     server = await start_metrics_server("127.0.0.1:0", registry)
     try:
         assert server.port > 0
@@ -531,8 +536,8 @@ async def test_promtool_check_metrics_is_clean_on_a_live_scrape() -> None:
     promtool = require_binary("promtool")
     metrics, registry = make()
     feed(metrics, night())
-    metrics.emit(edge("gpu_sample", {"gpus": [{"index": 0, "uuid": "GPU-aaa", "total_bytes": 10, "free_bytes": 5}]}))
-    metrics.emit(edge("mqtt_connected", {"connected": True}))
+    metrics.emit(typed("gpu_sample", {"gpus": [{"index": 0, "uuid": "GPU-aaa", "total_bytes": 10, "free_bytes": 5}]}))
+    metrics.alerting_health("mqtt_connected", True)
     server = await start_metrics_server("127.0.0.1:0", registry)
     try:
         status, body = await scrape(server.url)
@@ -571,9 +576,9 @@ def test_several_servers_are_served_as_one_exposition_under_a_server_label() -> 
     """Each server's Metrics keeps its own registry; the served registry has one family per
     name with every sample labelled by its server, and the text parses as Prometheus's."""
     (a, reg_a), (b, reg_b) = make(), make()
-    a.emit(edge("state_changed", {"from": "STARTING", "to": "READY", "reason": "", "mem_fraction_static": 0.88,
+    a.emit(typed("state_changed", {"from": "STARTING", "to": "READY", "reason": "", "mem_fraction_static": 0.88,
                                   "hicache_size_gb": 0, "restarts": 0, "last_cause": None}))
-    b.emit(edge("crash", {"cause": "cuda_oom_runtime"}))
+    b.emit(typed("crash", {"cause": "cuda_oom_runtime"}))
     served = labelled_registry({"tp4-a": reg_a, "tp4-b": reg_b})
     assert served.get_sample_value(P + "state", {"server": "tp4-a", "state": "READY"}) == 1
     assert served.get_sample_value(P + "state", {"server": "tp4-b", "state": "READY"}) == 0
@@ -594,14 +599,44 @@ def test_a_group_nodes_etcd_reachability_and_leadership_are_gauges() -> None:
     a leadership); the leader's last decided generation."""
     metrics, registry = make()
     assert math.isnan(value(registry, "group_etcd_up")) and math.isnan(value(registry, "group_leader"))
-    metrics.emit(edge("group_joined", {"group": "g", "node_rank": 1}))
+    metrics.emit(typed("group_joined", {"group": "g", "node_rank": 1}))
     assert (value(registry, "group_etcd_up"), value(registry, "group_leader")) == (1, 0)
-    metrics.emit(edge("group_leader", {"group": "g", "node_rank": 1}))
-    metrics.emit(edge("group_generation", {"group": "g", "number": 4, "mem_fraction_static": 0.88, "hicache_size_gb": 0,
+    metrics.emit(typed("group_leader", {"group": "g", "node_rank": 1}))
+    metrics.emit(typed("group_generation", {"group": "g", "number": 4, "mem_fraction_static": 0.88, "hicache_size_gb": 0,
                                            "reason": "node 0: OOM", "delay_s": 10.0, "gave_up": False}))
     assert (value(registry, "group_leader"), value(registry, "group_generation")) == (1, 4)
-    metrics.emit(edge("group_etcd_unreachable", {"error": "etcd 127.0.0.1:2379: get failed: unreachable"}))
+    metrics.emit(typed("group_etcd_unreachable", {"error": "etcd 127.0.0.1:2379: get failed: unreachable"}))
     assert (value(registry, "group_etcd_up"), value(registry, "group_leader")) == (0, 0)
     assert value(registry, "events_total", event="group_etcd_unreachable") == 1
-    metrics.emit(edge("group_etcd_recovered", {"down_s": 12.5}))
+    metrics.emit(typed("group_etcd_recovered", {"down_s": 12.5}))
     assert value(registry, "group_etcd_up") == 1
+
+
+def test_each_link_is_up_or_down_and_counts_its_outages() -> None:
+    """link_up{link} is NaN until a link answers or fails; link_down sets it to 0 and counts
+    one outage, link_up back to 1. The group's own outage events, the router's registration,
+    the fleet's answers and the MQTT adapter's health hook feed the same series; a link the
+    daemon does not have is no label."""
+    from supervisor.core.events import LinkDown, LinkUp
+
+    metrics, registry = make()
+    assert all(math.isnan(value(registry, "link_up", link=link) or 0.0) for link in ("group", "router", "fleet", "mqtt"))
+    assert all(value(registry, "link_outages_total", link=link) == 0 for link in ("group", "router", "fleet", "mqtt"))
+    metrics.emit(typed("router_registered", {"worker_url": "http://h:1", "worker_id": "w"}))
+    assert value(registry, "link_up", link="router") == 1
+    metrics.emit(LinkDown(link="router", error="refused"))
+    assert (value(registry, "link_up", link="router"), value(registry, "link_outages_total", link="router")) == (0, 1)
+    metrics.emit(LinkUp(link="router", down_s=12.0))
+    metrics.emit(LinkDown(link="fleet", error="etcd away"))
+    assert (value(registry, "link_up", link="router"), value(registry, "link_up", link="fleet")) == (1, 0)
+    metrics.emit(typed("group_joined", {"group": "g", "node_rank": 0}))
+    metrics.emit(typed("group_etcd_unreachable", {"error": "unreachable"}))
+    assert (value(registry, "link_up", link="group"), value(registry, "link_outages_total", link="group")) == (0, 1)
+    metrics.emit(typed("group_etcd_recovered", {"down_s": 3.0}))
+    assert value(registry, "link_up", link="group") == 1
+    metrics.alerting_health("link", LinkDown(link="mqtt", error="broker away"))
+    assert (value(registry, "link_up", link="mqtt"), value(registry, "link_outages_total", link="mqtt")) == (0, 1)
+    metrics.alerting_health("link", LinkUp(link="mqtt", down_s=None))
+    assert value(registry, "link_up", link="mqtt") == 1
+    metrics.emit(LinkDown(link="elsewhere", error="?"))
+    assert value(registry, "link_outages_total", link="elsewhere") is None

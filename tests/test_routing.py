@@ -241,3 +241,33 @@ async def test_routable_only_once_the_router_lists_our_server_healthy() -> None:
         router.down = True
         assert not await sync.routable()  # cannot tell: not routable, and nothing reported
         assert events.kinds() == ["router_registered"]
+
+
+def test_an_outage_of_the_router_is_one_link_down_and_one_link_up_however_many_calls_failed() -> None:
+    """Every failed call is a router_call_failed that waits the next, growing step of the
+    backoff; the outage is one link_down at its first failure and one link_up, with its
+    length, at the first answer (a first answer with no outage before is no event). The next
+    outage backs off from the start again."""
+    async def scenario() -> tuple[list[str], list[float], list[float]]:
+        router, events = FakeRouter(), Events()
+        sync = make(router, events, reconcile_s=8.0)
+        sync.want_in()
+        assert await sync.reconcile()  # the first answer
+        router.down = True
+        for _ in range(4):
+            assert not await sync.reconcile()
+        first = [f["retry_s"] for f in events.of("router_call_failed")]
+        router.down = False
+        assert await sync.reconcile()
+        router.down = True
+        assert not await sync.reconcile()
+        again = [f["retry_s"] for f in events.of("router_call_failed")][4:]
+        downs = [e.fields()["down_s"] for e in events.seen if e.kind == "link_up"]
+        return [k for k in events.kinds() if k.startswith("link")], first + again, downs
+
+    kinds, waits, downs = asyncio.run(scenario())
+    assert kinds == ["link_down", "link_up", "link_down"]
+    assert len(downs) == 1 and downs[0] >= 0
+    # jittered to [d/2, d] of 0.5, 1, 2, 4, then 0.5 again after the good answer
+    assert [0.25 <= w <= 0.5 for w in (waits[0], waits[4])] == [True, True]
+    assert 2.0 <= waits[3] <= 4.0

@@ -249,6 +249,28 @@ class GroupEtcdRecovered(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LinkDown(Event):
+    """A link to a service of ours went down (``router``, ``fleet``; ``mqtt`` through the MQTT
+    adapter's health hook; ``group`` says it with ``group_etcd_unreachable``): once per outage,
+    however often it is retried (``supervisor.aio.Reconnect``)."""
+
+    kind = "link_down"
+    link: str  # group | router | fleet | mqtt
+    error: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkUp(Event):
+    """The link answers again after ``down_s`` seconds of outage: once per outage (a link's
+    first answer, with no outage before it, is no event; the MQTT adapter reports it to its
+    health hook with ``down_s`` None)."""
+
+    kind = "link_up"
+    link: str
+    down_s: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StateWriteFailed(Event):
     """Once per episode; supervision goes on with the state in memory."""
 

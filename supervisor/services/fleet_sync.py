@@ -20,14 +20,14 @@ cannot be read, each is one ``fleet_error`` and the server is launched on its ow
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from supervisor.adapters.ports import FleetStore, GpuInfo, VersionReader
-from supervisor.aio import within
+from supervisor.aio import Backoff, Reconnect, within
 from supervisor.core import events as ev
-from supervisor.core.backoff import exponential_backoff
 from supervisor.core.config import Config
 from supervisor.core.fleet import FleetOom, FleetRecord, fleet_identity, fleet_key, merge
 from supervisor.core.messages import FleetAdvice
@@ -37,6 +37,7 @@ UNKNOWN_GPU = "unknown"  # [gpu] backend = "none": no GPU name or memory to key 
 CAS_TRIES = 20  # conflicts in a row before a write counts as failed (and is retried later)
 RETRY_INITIAL_S = 1.0
 RETRY_MAX_S = 60.0
+RETRY = Backoff(initial=RETRY_INITIAL_S, maximum=RETRY_MAX_S, jitter=(0.8, 1.2))
 DETAIL_CHARS = 300
 
 
@@ -102,6 +103,14 @@ class FleetSync:
         self._wanted: tuple[FleetOom, ...] = ()
         self._kick = asyncio.Event()
         self.key = ""  # the key of the last launch's configuration
+        # etcd's outages as the fleet sees them (its reads and writes): one link_down when
+        # the first call fails, one link_up when one is answered again; each failure is
+        # its fleet_error all the same (op, key, the retry's wait).
+        self._link = Reconnect(
+            "fleet", RETRY, on_down=lambda error: emit(ev.LinkDown(link="fleet", error=_why(error))),
+            on_up=lambda down_s: None if down_s is None else emit(ev.LinkUp(link="fleet", down_s=down_s)), rng=self._rng,
+            clock=lambda: asyncio.get_running_loop().time(),
+        )
 
     # -- reading, before a launch -----------------------------------------------------------
 
@@ -111,7 +120,14 @@ class FleetSync:
         try:
             self.key = ""
             self.key = await self._key(cfg, gpus)
-            entry = await within(self._store.get(self.key), self._timeout_s)
+            try:
+                entry = await within(self._store.get(self.key), self._timeout_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._link.failed(exc)  # the next read is at the next launch: its wait is not used
+                raise
+            self._link.connected()
             if entry is None:
                 return FleetAdvice(self.key)
             record = FleetRecord.from_json(self.key, entry.value)
@@ -159,44 +175,41 @@ class FleetSync:
         self._kick.set()
 
     async def run(self) -> None:
-        """Write what is wanted; after a failure, again on a backoff, until it is in."""
-        failures = 0
+        """Write what is wanted; after a failure, again on the backoff, until it is in."""
+        retrying = False
         while True:
-            if failures == 0:
+            if not retrying:
                 await self._kick.wait()
             self._kick.clear()
             entries = self._wanted
             if not entries:
+                retrying = False
                 continue
             error = await self._write_all(entries)
             if error is None:
-                failures = 0
+                retrying = False
                 self._shared(entries)
                 continue
-            op, why, key = error
+            op, exc, key = error
             if not key:
                 # No key to write under (the launch's identity could not be read, which its
                 # own fleet_error said): the next launch that reads one kicks this again.
-                failures = 0
+                retrying = False
                 continue
-            delay = exponential_backoff(failures, initial=RETRY_INITIAL_S, factor=2.0, maximum=RETRY_MAX_S,
-                                        jitter=(0.8, 1.2), sample=self._rng.random())
-            failures += 1
-            self._error(op, why, key=key, retry_s=round(delay, 3), pending=len(entries))
+            delay = self._link.failed(exc)
+            retrying = True
+            self._error(op, _why(exc), key=key, retry_s=round(delay, 3), pending=len(entries))
             # A new lesson (or the next launch's new key) tries again at once.
-            try:
+            with contextlib.suppress(TimeoutError):
                 await within(self._kick.wait(), delay)
-                failures = 0
-            except TimeoutError:
-                pass
 
-    async def _write_all(self, entries: tuple[FleetOom, ...]) -> tuple[str, str, str] | None:
-        """Each key's OOMs merged into its record; (op, why, key) of the first failure."""
+    async def _write_all(self, entries: tuple[FleetOom, ...]) -> tuple[str, Exception, str] | None:
+        """Each key's OOMs merged into its record; (op, error, key) of the first failure."""
         by_key: dict[str, list[FleetOom]] = {}
         for oom in entries:
             key = oom.key or self.key  # an OOM of a launch whose key was not known: the current one
             if not key:
-                return "write", "the configuration's fleet key is not known (read at the next launch)", ""
+                return "write", FleetUnavailable("write", "the configuration's fleet key is not known (read at the next launch)"), ""
             by_key.setdefault(key, []).append(replace(oom, host=oom.host or self._host))
         for key, ooms in by_key.items():
             try:
@@ -204,7 +217,8 @@ class FleetSync:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - etcd's error or a timeout: retried, never raised into supervision
-                return "write", _why(exc), key
+                return "write", exc, key
+            self._link.connected()
             self._emit(ev.FleetUpdated(key=key, rung=record.rung, fractions=tuple(o.fraction for o in ooms),
                                        conflicts=conflicts))
         return None

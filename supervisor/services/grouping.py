@@ -33,9 +33,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from supervisor.adapters.ports import Etcd, EtcdError, KeyValue, Lease, ProbeOutcome, WatchEvent
-from supervisor.aio import cancel_and_wait, within
+from supervisor.aio import Backoff, Reconnect, cancel_and_wait, within
 from supervisor.core import events as ev
-from supervisor.core.backoff import exponential_backoff
 from supervisor.core.config import Config
 from supervisor.core.fleet import parse_flags
 from supervisor.core.group import (
@@ -54,6 +53,7 @@ from supervisor.core.messages import Event, GroupEnded, GroupGaveUp, GroupLaunch
 from supervisor.core.model import Diagnosis, State
 
 RECONNECT_MAX_S = 5.0
+RECONNECT = Backoff(initial=0.5, maximum=RECONNECT_MAX_S)
 
 
 class GroupSync:
@@ -83,7 +83,12 @@ class GroupSync:
         self._changed = asyncio.Event()  # the leader: the view changed
         self._pending_reports: list[tuple[str, bytes]] = []
         self._posted: set[tuple[str, int]] = set()  # (what, generation) already posted to the core
-        self._down_since: float | None = None
+        # etcd's outages: group_etcd_unreachable once at the first failure, group_etcd_recovered
+        # with its duration once a session is up again (they feed the link metric too).
+        self._link = Reconnect(
+            "group", RECONNECT, on_down=self._etcd_down, on_up=self._etcd_up, retry_on=EtcdError, rng=self.rng,
+            clock=lambda: asyncio.get_running_loop().time(),
+        )
         self._head_ready = False
 
     # -- what the unit tells us and asks --------------------------------------------------
@@ -129,23 +134,25 @@ class GroupSync:
 
     async def run(self) -> None:
         """Sessions with etcd, one after another, until cancelled; an outage between them."""
-        failures = 0
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                await self._session()
-            except EtcdError as exc:
-                failures += 1
-                if self.etcd_up or self._down_since is None:
-                    self._down_since = loop.time()
-                    self.emit(ev.GroupEtcdUnreachable(error=str(exc)[:300]))
-                self.etcd_up = False
-                self.leading = False
-                self._lease = None
-                await asyncio.sleep(exponential_backoff(failures - 1, initial=0.5, factor=2.0, maximum=RECONNECT_MAX_S,
-                                                        jitter=(0.5, 1.0), sample=self.rng.random()))
+        await self._link.run(self._session)
+
+    def _etcd_down(self, error: BaseException) -> None:
+        self.emit(ev.GroupEtcdUnreachable(error=str(error)[:300]))
+
+    def _etcd_up(self, down_s: float | None) -> None:
+        if down_s is not None:
+            self.emit(ev.GroupEtcdRecovered(down_s=down_s))
 
     async def _session(self) -> None:
+        try:
+            await self._connected_session()
+        except EtcdError:
+            self.etcd_up = False
+            self.leading = False
+            self._lease = None
+            raise
+
+    async def _connected_session(self) -> None:
         etcd = self._etcd
         await etcd.connect()
         lease = await etcd.grant(self.group.lease_ttl_s)
@@ -156,10 +163,7 @@ class GroupSync:
         kvs, revision = await etcd.get_prefix(self.prefix + "/")
         self._records = {kv.key: kv for kv in kvs}
         self._parse()
-        loop = asyncio.get_running_loop()
-        if self._down_since is not None:
-            self.emit(ev.GroupEtcdRecovered(down_s=round(loop.time() - self._down_since, 3)))
-            self._down_since = None
+        self._link.connected()
         self.etcd_up = True
         self.emit(ev.GroupJoined(group=self.group.name, node_rank=self.group.node_rank))
         self._kick.set()

@@ -29,9 +29,8 @@ import random
 from collections.abc import Callable
 
 from supervisor.adapters.ports import Router, RouterError
-from supervisor.aio import within
-from supervisor.core.backoff import exponential_backoff
-from supervisor.core.events import Event, RouterCallFailed, RouterRegistered, RouterRemoved
+from supervisor.aio import Backoff, Reconnect, within
+from supervisor.core.events import Event, LinkDown, LinkUp, RouterCallFailed, RouterRegistered, RouterRemoved
 
 RETRY_INITIAL_S = 0.5
 RECHECK_S = 1.0  # after a removal: catch a registration job of the router's that undid it
@@ -61,7 +60,16 @@ class RouterSync:
         self._want = False
         self._lock = asyncio.Lock()
         self._kick = asyncio.Event()
-        self._failures = 0
+        # The router's outages: each failed call is a router_call_failed (counted by
+        # operation) and waits the next step of the backoff; the outage itself is one
+        # link_down when it begins and one link_up when a call is answered again.
+        self._link = Reconnect(
+            "router", Backoff(initial=RETRY_INITIAL_S, maximum=reconcile_s),
+            on_down=lambda error: emit(LinkDown(link="router", error=str(error)[:300])),
+            on_up=lambda down_s: None if down_s is None else emit(LinkUp(link="router", down_s=down_s)),
+            rng=self._rng, clock=lambda: asyncio.get_running_loop().time(),
+        )
+        self._retry = 0.0  # the wait after the last failed call
         self._added_at: float | None = None  # loop time of our last add, until it is listed
         self._recheck = False
 
@@ -99,7 +107,7 @@ class RouterSync:
             except RouterError as exc:
                 self._failed("remove", exc)
             else:
-                self._failures = 0
+                self._link.connected()
             if removed:
                 self._emit(RouterRemoved(worker_url=self.worker_url, worker_ids=tuple(removed), reason=reason,
                                          after_s=after if after is not None else round(loop.time() - at, 4)))
@@ -152,7 +160,7 @@ class RouterSync:
             except RouterError as exc:
                 self._failed(op, exc)
                 return False
-            self._failures = 0
+            self._link.connected()
             return True
 
     async def run(self) -> None:
@@ -165,16 +173,10 @@ class RouterSync:
             self._kick.clear()
             recheck, self._recheck = self._recheck, False
             ok = await self.reconcile()
-            delay = self._retry_s() if not ok else min(RECHECK_S, self._reconcile_s) if recheck else self._reconcile_s
-
-    def _retry_s(self) -> float:
-        return exponential_backoff(
-            max(self._failures - 1, 0), initial=RETRY_INITIAL_S, factor=2.0, maximum=self._reconcile_s,
-            jitter=(0.5, 1.0), sample=self._rng.random(),
-        )
+            delay = self._retry if not ok else min(RECHECK_S, self._reconcile_s) if recheck else self._reconcile_s
 
     def _failed(self, op: str, exc: RouterError) -> None:
-        self._failures += 1
-        self._emit(RouterCallFailed(op=op, error=str(exc), retry_s=round(self._retry_s(), 3)))
+        self._retry = self._link.failed(exc)
+        self._emit(RouterCallFailed(op=op, error=str(exc), retry_s=round(self._retry, 3)))
         if op == "remove":
             self._kick.set()  # the loop keeps removing it, on the backoff

@@ -15,8 +15,9 @@ Topics (``{prefix}/{host}/{instance}/...``):
 - ``event/{kind}``: JSON per alert (``crash``, ``restart``, ``recovered``, ``gave_up``,
   ``headroom_low``, ``gpu_memory_stuck``, ``daily_summary``, ``drill``).
 
-The payload builders are pure functions (time and ids are passed in); the reconnect waits
-are ``backoff.exponential_backoff``, the restart policy's backoff.
+The payload builders are pure functions (time and ids are passed in); the reconnects are
+``supervisor.aio.Reconnect``'s, the same as every link's: the restart policy's backoff, and
+one line per outage (each further failed try is a debug line, and counted).
 The password is read from ``password_file`` at each connect and handed to the client only:
 it is never stored on the alerter, logged, or put in a repr or an exception.
 """
@@ -45,10 +46,9 @@ import structlog
 from aiomqtt.exceptions import MqttConnectError
 from structlog.typing import FilteringBoundLogger
 
-from supervisor.aio import cancel_and_wait, within
-from supervisor.core.backoff import exponential_backoff
+from supervisor.aio import Backoff, Reconnect, cancel_and_wait, within
 from supervisor.core.config import MqttConfig
-from supervisor.core.events import ALERT_KINDS, EVENTS, Event
+from supervisor.core.events import ALERT_KINDS, EVENTS, Event, LinkDown, LinkUp
 from supervisor.core.model import Cause, rfc3339
 
 T = TypeVar("T")
@@ -67,7 +67,8 @@ _PAHO_LOG = logging.getLogger("supervisor.sinks.alerts.mqtt")
 
 HealthCallback = Callable[[str, object], None]
 """``on_health(kind, value)``: ("alert_sent", alert kind), ("alert_dropped", alert kind),
-("mqtt_connected", bool), ("mqtt_connect_failed", short reason)."""
+("mqtt_connected", bool), ("mqtt_connect_failed", short reason), ("link", a ``LinkDown`` or
+``LinkUp`` of link ``mqtt``: once per outage)."""
 
 
 class AlertsError(Exception):
@@ -115,7 +116,7 @@ def client_id(cfg: MqttConfig, host: str, instance: str) -> str:
     return cfg.client_id or f"sglang-supervisor-{topic_segment(host)}-{topic_segment(instance)}"
 
 
-# Reconnects wait backoff.exponential_backoff: doubling from [mqtt] reconnect_initial_s up to
+# Reconnects (supervisor.aio.Reconnect) wait backoff.exponential_backoff: doubling from [mqtt] reconnect_initial_s up to
 # reconnect_max_s, each wait jittered to [d/2, d] so that many daemons do not reconnect in step.
 RECONNECT_FACTOR = 2.0
 RECONNECT_JITTER = (0.5, 1.0)
@@ -580,7 +581,11 @@ class MqttAlerter:
         self._closing = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._warned: set[str] = set()
-        self._attempt = 0
+        self._link = Reconnect(
+            "mqtt", Backoff(initial=cfg.reconnect_initial_s, maximum=cfg.reconnect_max_s, factor=RECONNECT_FACTOR,
+                            jitter=RECONNECT_JITTER),
+            on_down=self._link_down, on_up=self._link_up, rng=self._rng, sleep=self._pause,
+        )
         self._up = False  # the current session got as far as "online"
         self.connected = False
         self.sent = 0
@@ -682,34 +687,50 @@ class MqttAlerter:
     # ---- the connection loop
 
     async def _run(self) -> None:
-        while not self._closing.is_set():
+        await self._link.run(self._try)
+
+    async def _try(self) -> None:
+        """One session; returns once closing (the loop ends), raises when it broke."""
+        if self._closing.is_set():
+            return
+        try:
+            await self._session()
+        except Exception as exc:  # whatever went wrong, the alert task keeps going (Reconnect retries it)
             try:
-                await self._session()
-            except Exception as exc:  # whatever went wrong, the alert task keeps going
-                try:
-                    self._report(exc)
-                except Exception as report_exc:
-                    self._log.error("mqtt_loop_error", error=repr(exc), report_error=repr(report_exc))
-            if self._closing.is_set():
-                break
-            delay = exponential_backoff(
-                self._attempt, initial=self._cfg.reconnect_initial_s, factor=RECONNECT_FACTOR,
-                maximum=self._cfg.reconnect_max_s, jitter=RECONNECT_JITTER, sample=self._rng.random(),
-            )
-            self._attempt += 1
-            with contextlib.suppress(TimeoutError):
-                await within(self._closing.wait(), delay)
+                self._report(exc)
+            except Exception as report_exc:
+                self._log.error("mqtt_loop_error", error=repr(exc), report_error=repr(report_exc))
+            raise
+
+    async def _pause(self, delay: float) -> None:
+        """The wait before the next try, cut short by a close."""
+        with contextlib.suppress(TimeoutError):
+            await within(self._closing.wait(), delay)
 
     def _report(self, exc: BaseException) -> None:
+        """Every failed try is counted; the first of an outage is logged as a warning (an
+        error when a person must fix something: the login, the config, TLS), the next ones
+        at debug level: one line per outage."""
         reason, line = _failure(exc, self._cfg)
+        first = not self._link.in_outage
         if self._up:
             self._log.warning("mqtt_disconnected", detail=line, pending=self.pending)
         else:
             self.connect_failures += 1
             event = "mqtt_auth_failed" if reason == "auth" else "mqtt_connect_failed"
-            log = self._log.error if reason in ("auth", "config", "tls") else self._log.warning
-            log(event, detail=line, attempt=self._attempt + 1, pending=self.pending)
+            log = (self._log.error if reason in ("auth", "config", "tls") else self._log.warning) if first \
+                else self._log.debug
+            log(event, detail=line, attempt=self._link.attempt + 1, pending=self.pending)
             self._health("mqtt_connect_failed", reason)
+
+    def _link_down(self, error: BaseException) -> None:
+        self._health("link", LinkDown(link="mqtt", error=_failure(error, self._cfg)[1]))
+
+    def _link_up(self, down_s: float | None) -> None:
+        cfg = self._cfg
+        self._log.info("mqtt_connected", broker=f"{cfg.host}:{cfg.port}", client_id=self.client_id,
+                       pending=self.pending, down_s=down_s)
+        self._health("link", LinkUp(link="mqtt", down_s=down_s))
 
     def _set_connected(self, connected: bool) -> None:
         if connected != self.connected:
@@ -727,9 +748,7 @@ class MqttAlerter:
         await _open(client)
         watch = asyncio.create_task(_watch(client))
         try:
-            self._attempt = 0
-            self._log.info("mqtt_connected", broker=f"{cfg.host}:{cfg.port}", client_id=self.client_id,
-                           pending=self.pending)
+            self._link.connected()
             await _race(self._publish(client, self.topics.status, b"online", qos=1, retain=True), watch)
             self._up = True
             self._set_connected(True)

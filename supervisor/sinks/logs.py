@@ -28,6 +28,7 @@ EVENT_LEVELS = {
     "foreign_gpu_process": "warning",
     "port_in_use": "warning",
     "server_down": "warning",
+    "link_down": "warning",
     "daemon_failed": "error",
     "state_write_failed": "warning",
     "server_log_write_failed": "warning",

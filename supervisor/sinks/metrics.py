@@ -21,14 +21,12 @@ token usage, latency) is not duplicated here; see docs/metrics.md for scraping b
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import cast
 from wsgiref.simple_server import WSGIServer
 
 import structlog
@@ -37,7 +35,50 @@ from prometheus_client.metrics_core import Metric
 
 from supervisor import __version__
 from supervisor.core.config import url_host
-from supervisor.core.events import ALERT_KINDS, Event
+from supervisor.core.events import (
+    ALERT_KINDS,
+    ConfigReloaded,
+    Crash,
+    DaemonFailed,
+    Event,
+    FleetApplied,
+    FleetError,
+    FleetUpdated,
+    ForeignGpuProcess,
+    FractionLearned,
+    GaveUp,
+    GpuLowFree,
+    GpuMemoryStuck,
+    GpuProbeFailed,
+    GpuSample,
+    GroupEtcdRecovered,
+    GroupEtcdUnreachable,
+    GroupGeneration,
+    GroupGenerationEnded,
+    GroupJoined,
+    GroupLeader,
+    HeadroomLow,
+    Json,
+    LinkDown,
+    LinkUp,
+    OrphansKilled,
+    OrphansReaped,
+    PortInUse,
+    PreflightFailed,
+    ProbeAnswered,
+    Recovered,
+    RestartRequested,
+    RestartScheduled,
+    RouterCallFailed,
+    RouterRegistered,
+    RouterRemoved,
+    ServerDown,
+    ServerLaunched,
+    ServerReady,
+    ServerStopped,
+    StartupFactsEvent,
+    StateChanged,
+)
 from supervisor.core.model import Cause, State
 
 PREFIX = "sglang_supervisor"
@@ -50,46 +91,37 @@ STARTUP_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 900, 1200, 1800, 2700, 3600)
 # Seconds. A healthy SGLang /health runs a 1-token generation (~1 s); its own timeout is 20 s.
 PROBE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0)
 
-# Events counted in sglang_supervisor_events_total{event}: rare and worth a glance.
-COUNTED_EVENTS = (
-    "orphans_killed",
-    "orphans_reaped",
-    "foreign_gpu_process",
-    "preflight_failed",
-    "headroom_low",
-    "gpu_memory_stuck",
-    "gpu_low_free",
-    "server_stopped",
-    "config_reloaded",
-    "server_down",
-    "port_in_use",
-    "restart_requested",
-    "fraction_learned",
-    "group_generation_ended",
-    "group_etcd_unreachable",
-    "fleet_applied",
-    "fleet_updated",
-    "fleet_error",
-    "daemon_failed",
+# Events counted in sglang_supervisor_events_total{event} (their kind): rare and worth a glance.
+COUNTED: tuple[type[Event], ...] = (
+    OrphansKilled,
+    OrphansReaped,
+    ForeignGpuProcess,
+    PreflightFailed,
+    HeadroomLow,
+    GpuMemoryStuck,
+    GpuLowFree,
+    ServerStopped,
+    ConfigReloaded,
+    ServerDown,
+    PortInUse,
+    RestartRequested,
+    FractionLearned,
+    GroupGenerationEnded,
+    GroupEtcdUnreachable,
+    FleetApplied,
+    FleetUpdated,
+    FleetError,
+    DaemonFailed,
 )
+COUNTED_EVENTS = tuple(cls.kind for cls in COUNTED)  # the label values
+LINKS = ("group", "router", "fleet", "mqtt")  # supervisor.aio.Reconnect's links
 ROUTER_OPS = ("add", "remove", "list")  # supervisor.services.routing
 ROUTER_REMOVE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 PROBE_FAILURE_REASONS = ("http_status", "no_response")  # an answer that is not 200 / none
 MQTT_FAILURE_REASONS = ("auth", "config", "tls", "timeout", "error")  # supervisor.sinks.alerts._failure
-# The MQTT adapter's on_health(kind, value) callback, as events: kind -> the value's field.
-ALERTING_HEALTH_FIELDS = {
-    "alert_sent": "kind",
-    "alert_dropped": "kind",
-    "mqtt_connected": "connected",
-    "mqtt_connect_failed": "reason",
-}
 ALERT_KIND_LABELS = (*sorted(set(ALERT_KINDS.values())), "other")
 
 log = structlog.get_logger(__name__)
-
-# An event's fields as the handlers read them: every value is checked before use.
-Fields = Mapping[str, object]
-
 
 class MetricsError(Exception):
     """The metrics endpoint could not be served (bad address, port taken)."""
@@ -107,14 +139,6 @@ def _gauge_value(value: object, scale: float = 1.0) -> float:
     """An event field as a gauge value: NaN when unknown, so comparisons are false."""
     number = _number(value)
     return NAN if number is None else number * scale
-
-
-def _cause(value: object) -> str:
-    """A bounded cause label: the ``Cause`` value, or "other"."""
-    if isinstance(value, str):
-        with contextlib.suppress(ValueError):
-            return str(Cause.parse(value))
-    return str(Cause.OTHER)
 
 
 # The TP part of a rank name: "TP3", "DP1 TP3" (SGLang's log prefix), "DP1-TP3", "TP3_EP3".
@@ -142,22 +166,13 @@ def rank_gpus(ranks: Iterable[str]) -> dict[str, int]:
     return {name: n - first for name, n in tp.items() if numbers.count(n) == 1}
 
 
-def _state(value: object) -> State | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return State(value)
-    except ValueError:
-        return None
-
-
 class Metrics:
     """The daemon's Prometheus metrics, fed by events; implements ``EventSink``.
 
-    ``emit`` never raises and never blocks. Besides the daemon events it accepts the
-    alerting-health events ``alert_sent`` {kind}, ``alert_dropped`` {kind},
-    ``mqtt_connected`` {connected: bool} and ``mqtt_connect_failed`` {reason}; the MQTT
-    adapter reports them through ``alerting_health(kind, value)``, its ``on_health`` hook.
+    ``emit`` never raises and never blocks; it reads the typed events of
+    ``supervisor.core.events`` (anything else is ignored). The MQTT adapter's own reports
+    (an alert sent or dropped, the broker connected or refused) come through
+    ``alerting_health(kind, value)``, its ``on_health`` hook.
     """
 
     def __init__(
@@ -175,13 +190,18 @@ class Metrics:
         # in CUDA_VISIBLE_DEVICES order; without them, the order of the GPU sample.
         self._hostname = hostname
         self._gpu_indices = tuple(str(i) for i in gpu_indices)
+        # What only this sink joins, across events that each carry one side of it (no event
+        # says it whole, and the core has no use for it):
+        # - rank_gpu_info joins the ranks of startup_facts with the GPUs of gpu_sample, which
+        #   come at their own times and in either order;
         self._sampled: tuple[str, ...] = ()  # GPU indices of the last sample, in its order
         self._uuids: dict[str, str] = {}  # GPU index -> UUID, from the samples
-        self._rank_gpus: dict[str, int] = {}  # rank -> position among the server's GPUs
-        self._rank_gpu_shown: dict[str, dict[str, str]] = {}
+        self._rank_gpus: dict[str, int] = {}  # rank -> position among the server's GPUs (the run's)
+        self._rank_gpu_shown: dict[str, dict[str, str]] = {}  # rank -> its exported labels (a series changes only when they do)
+        # - server_up is READY (the last state_changed) and the last probe passed: a probe
+        #   does not carry the state, a state change not the probe's answer.
         self._state: State = State.STOPPED
         self._probe_ok = False
-        self._gave_up = False
 
         def gauge(name: str, doc: str, labels: Iterable[str] = ()) -> Gauge:
             return Gauge(f"{PREFIX}_{name}", doc, list(labels), registry=registry)
@@ -260,6 +280,10 @@ class Metrics:
         self.group_etcd_up = gauge("group_etcd_up", "1 while etcd answers the group's node, 0 during an outage (NaN = no [group]).")
         self.group_leader = gauge("group_leader", "1 while this node's daemon leads its group, else 0 (NaN = no [group]).")
         self.group_generation = gauge("group_generation", "The last generation the group's leader decided, seen from the leader (NaN = none yet).")
+        # The links the daemon reconnects (supervisor.aio.Reconnect): etcd for [group] and for
+        # [fleet], SGLang's router, the MQTT broker.
+        self.link_up = gauge("link_up", "1 while the link answers, 0 during an outage (NaN = not configured, or not answered or failed yet).", ["link"])
+        self.link_outages = counter("link_outages", "Outages of a link (each one however often it was retried).", ["link"])
 
         for metric, label_values in (
             (self.state, [s.value for s in State]),
@@ -271,66 +295,134 @@ class Metrics:
             (self.mqtt_connect_failures, MQTT_FAILURE_REASONS),
             (self.events, COUNTED_EVENTS),
             (self.router_call_failures, ROUTER_OPS),
+            (self.link_outages, LINKS),
         ):
             for value in label_values:
                 metric.labels(value)
         for unknown in (self.fraction, self.ladder_rung, self.mqtt_connected, self.group_etcd_up, self.group_leader,
                         self.group_generation):
             unknown.set(NAN)
+        for link in LINKS:
+            self.link_up.labels(link).set(NAN)
         self._set_ladder(fraction_ladder)
         self.headroom_min.set(_gauge_value(headroom_min_gb, GIB))
         self._set_state(State.STOPPED)
 
-        self._handlers: dict[str, Callable[[Fields], None]] = {
-            "launch": self._on_launch,
-            "state_changed": self._on_state_changed,
-            "server_ready": self._on_server_ready,
-            "recovered": self._on_recovered,
-            "startup_facts": self._on_startup_facts,
-            "crash": self._on_crash,
-            "restart_scheduled": self._on_restart_scheduled,
-            "gave_up": self._on_gave_up,
-            "headroom_low": self._on_headroom_low,
-            "gpu_memory_stuck": self._on_gpu_memory_stuck,
-            "gpu_sample": self._on_gpu_sample,
-            "gpu_probe_error": self._on_gpu_probe_error,
-            "probe": self._on_probe,
-            "alert_sent": self._on_alert_sent,
-            "alert_dropped": self._on_alert_dropped,
-            "mqtt_connected": self._on_mqtt_connected,
-            "mqtt_connect_failed": self._on_mqtt_connect_failed,
-            "router_registered": self._on_router_registered,
-            "router_removed": self._on_router_removed,
-            "router_call_failed": self._on_router_call_failed,
-            "group_joined": self._on_group_joined,
-            "group_leader": self._on_group_leader,
-            "group_generation": self._on_group_generation,
-            "group_etcd_unreachable": self._on_group_etcd_unreachable,
-            "group_etcd_recovered": self._on_group_etcd_recovered,
-        }
-
     # -- EventSink ---------------------------------------------------------------------
 
     def emit(self, event: Event) -> None:
-        """Update the metrics an event touches; unknown events are ignored. Never raises."""
-        self._handle(event.kind, event.fields())
+        """Update the metrics an event touches; other events are ignored. Never raises.
 
-    def _handle(self, kind: str, fields: Fields) -> None:
-        # Labels are strings: the handlers read the event's edge form.
+        One ``match`` on the event's class reads its typed fields: each event carries what
+        its metrics need (the fraction it ran at, the state it left), so the sink keeps no
+        copy of the core's state, only what it alone joins across events (see ``__init__``).
+        """
         try:
-            if kind in COUNTED_EVENTS:
-                self.events.labels(kind).inc()
-            handler = self._handlers.get(kind)
-            if handler is not None:
-                handler(fields)
+            if isinstance(event, COUNTED):
+                self.events.labels(event.kind).inc()
+            self._dispatch(event)
         except Exception as exc:  # a sink must never raise into a restart decision
-            log.warning("metrics_event_failed", daemon_event=kind, error=repr(exc))
+            log.warning("metrics_event_failed", daemon_event=getattr(event, "kind", "?"), error=repr(exc))
+
+    def _dispatch(self, event: Event) -> None:
+        match event:
+            case ServerLaunched():
+                self._launched(event)
+            case StateChanged(from_=before, to=to):
+                if to is State.READY and before is not State.READY:
+                    self._probe_ok = True  # READY means /health just answered 200
+                self._set_state(to)
+            case ServerReady(startup_s=startup_s):
+                self._serving(event.mem_fraction_static, event.hicache_size_gb)
+                self.startup_duration.observe(startup_s)
+                self.consecutive_failures.set(0)
+            case Recovered():
+                self._serving(event.mem_fraction_static, event.hicache_size_gb)
+            case StartupFactsEvent(ranks=ranks):
+                self._startup_facts(ranks)
+            case Crash(cause=cause, consecutive_failures=failures):
+                self.crashes.labels(cause.value).inc()
+                self.last_crash.set(self._clock())
+                self.consecutive_failures.set(failures)
+                self._probe_ok = False
+                self._refresh()
+            case RestartScheduled(cause=cause, delay_s=delay_s):
+                self.restarts.labels(cause.value).inc()
+                self.backoff_delay.set(delay_s)
+            case GaveUp():
+                self.gave_up.set(1)
+            case HeadroomLow(threshold_gb=threshold_gb):
+                self.headroom_min.set(threshold_gb * GIB)
+            case GpuMemoryStuck():
+                self.gpu_memory_stuck.set(1)
+            case GpuSample(gpus=gpus):
+                self._gpu_sample(gpus)
+            case GpuProbeFailed():
+                self.gpu_probe_errors.inc()
+            case ProbeAnswered():
+                self._probe(event)
+            case RouterRegistered():
+                self.router_registered.set(1)
+                self._link("router", up=True)  # the router answered (a first answer is no link_up)
+            case RouterRemoved(after_s=after_s):
+                self.router_registered.set(0)
+                if after_s is not None and math.isfinite(after_s) and after_s >= 0:
+                    self.router_remove.observe(after_s)
+            case RouterCallFailed(op=op):
+                self.router_call_failures.labels(op if op in ROUTER_OPS else "list").inc()
+            case GroupJoined():
+                self.group_etcd_up.set(1)
+                self.group_leader.set(0)
+                self.link_up.labels("group").set(1)
+            case GroupLeader():
+                self.group_leader.set(1)
+                self.group_etcd_up.set(1)
+            case GroupGeneration(number=number):
+                self.group_generation.set(number)
+            # The group's link reports its outages with its own events (one is an alert):
+            # the link metric reads them as the others' link_down / link_up.
+            case GroupEtcdUnreachable():
+                self.group_etcd_up.set(0)
+                self.group_leader.set(0)  # a lost session ends a leadership
+                self._link("group", up=False)
+            case GroupEtcdRecovered():
+                self.group_etcd_up.set(1)
+                self._link("group", up=True)
+            case LinkDown(link=link):
+                self._link(link, up=False)
+            case LinkUp(link=link):
+                self._link(link, up=True)
+            case FleetApplied() | FleetUpdated():
+                self._link("fleet", up=True)  # etcd answered the fleet (a first answer is no link_up)
+            case _:
+                pass
 
     def alerting_health(self, kind: str, value: object) -> None:
-        """The MQTT adapter's ``on_health(kind, value)`` hook, e.g. ("alert_sent", "crash")."""
-        field = ALERTING_HEALTH_FIELDS.get(kind)
-        if field is not None:
-            self._handle(kind, {field: value})
+        """The MQTT adapter's ``on_health(kind, value)`` hook, e.g. ("alert_sent", "crash").
+        Not daemon events (the adapter's own reports, by name); never raises."""
+        try:
+            match kind:
+                case "alert_sent":
+                    self.alerts_sent.labels(_alert_kind(value)).inc()
+                case "alert_dropped":
+                    self.alerts_dropped.labels(_alert_kind(value)).inc()
+                case "mqtt_connected":
+                    self.mqtt_connected.set(1 if value else 0)
+                case "mqtt_connect_failed":
+                    reason = value if isinstance(value, str) and value in MQTT_FAILURE_REASONS else "error"
+                    self.mqtt_connect_failures.labels(reason).inc()
+                case "link" if isinstance(value, LinkDown | LinkUp):
+                    self._dispatch(value)
+        except Exception as exc:  # metrics trouble must not stop alerting
+            log.warning("metrics_event_failed", daemon_event=kind, error=repr(exc))
+
+    def _link(self, link: str, *, up: bool) -> None:
+        """A link answered (``up``) or an outage of it began."""
+        if link not in LINKS:
+            return  # a bounded label: only the links the daemon has
+        self.link_up.labels(link).set(1 if up else 0)
+        if not up:
+            self.link_outages.labels(link).inc()
 
     # -- state ---------------------------------------------------------------------------
 
@@ -339,9 +431,9 @@ class Metrics:
         for s in State:
             self.state.labels(s.value).set(1 if s is state else 0)
         if state is State.GAVE_UP:
-            self._gave_up = True
+            self.gave_up.set(1)
         elif state in (State.PREPARING, State.STARTING):
-            self._gave_up = False
+            self.gave_up.set(0)
         if state not in (State.BACKOFF, State.RESTARTING):
             self.backoff_delay.set(0)
         if state is State.READY:
@@ -350,59 +442,39 @@ class Metrics:
 
     def _refresh(self) -> None:
         self.server_up.set(1 if self._state is State.READY and self._probe_ok else 0)
-        self.gave_up.set(1 if self._gave_up else 0)
 
     def _set_ladder(self, ladder: Sequence[float]) -> None:
         rungs = [x for x in (_number(v) for v in ladder) if x is not None]
         self.fraction_floor.set(min(rungs) if rungs else NAN)
 
-    def _set_run_settings(self, fields: Fields) -> None:
+    def _run_settings(self, fraction: float | None, hicache_size_gb: float | None) -> None:
         """The fraction and host cache size the current run was launched with."""
-        if "mem_fraction_static" in fields:
-            self.fraction.set(_gauge_value(fields["mem_fraction_static"]))
-        if "hicache_size_gb" in fields:
-            self.hicache.set(_gauge_value(fields["hicache_size_gb"] or 0, HICACHE_GB))
+        self.fraction.set(_gauge_value(fraction))
+        self.hicache.set(_gauge_value(hicache_size_gb or 0, HICACHE_GB))
 
-    # -- handlers --------------------------------------------------------------------------
+    # -- what the events do ----------------------------------------------------------------
 
-    def _on_launch(self, fields: Fields) -> None:
+    def _launched(self, event: ServerLaunched) -> None:
         self.launches.inc()
-        self._set_run_settings(fields)
-        self.ladder_rung.set(_gauge_value(fields.get("rung")))
+        self._run_settings(event.mem_fraction_static, event.hicache_size_gb)
+        self.ladder_rung.set(_gauge_value(event.rung))
         for rank_gauge, _ in self._rank_gauges.values():
             rank_gauge.clear()  # rank facts describe one run
         self._rank_gpus = {}
         self._rank_gpu_shown = {}
         self.rank_gpu.clear()
-        self._gave_up = False
+        self.gave_up.set(0)
         self._probe_ok = False
         self.backoff_delay.set(0)
         self.gpu_memory_stuck.set(0)
         self._refresh()
 
-    def _on_state_changed(self, fields: Fields) -> None:
-        state = _state(fields.get("to"))
-        if state is not None:
-            if state is State.READY and self._state is not State.READY:
-                self._probe_ok = True  # READY means /health just answered 200
-            self._set_state(state)
-
-    def _on_server_ready(self, fields: Fields) -> None:
-        self._on_recovered(fields)
-        startup_s = _number(fields.get("startup_s"))
-        if startup_s is not None:
-            self.startup_duration.observe(startup_s)
-        self.consecutive_failures.set(0)
-
-    def _on_recovered(self, fields: Fields) -> None:
-        self._set_run_settings(fields)
+    def _serving(self, fraction: float | None, hicache_size_gb: float | None) -> None:
+        self._run_settings(fraction, hicache_size_gb)
         self._probe_ok = True
         self._refresh()
 
-    def _on_startup_facts(self, fields: Fields) -> None:
-        ranks = fields.get("ranks")
-        if not isinstance(ranks, Mapping):
-            return
+    def _startup_facts(self, ranks: Mapping[str, Json]) -> None:
         for rank, facts in ranks.items():
             if not isinstance(facts, Mapping):
                 continue
@@ -430,35 +502,9 @@ class Metrics:
                 self.rank_gpu.labels(rank).info(labels)
         self._rank_gpu_shown = wanted
 
-    def _on_crash(self, fields: Fields) -> None:
-        self.crashes.labels(_cause(fields.get("cause"))).inc()
-        self.last_crash.set(self._clock())
-        failures = _number(fields.get("consecutive_failures"))
-        if failures is not None:
-            self.consecutive_failures.set(failures)
-        self._probe_ok = False
-        self._refresh()
-
-    def _on_restart_scheduled(self, fields: Fields) -> None:
-        self.restarts.labels(_cause(fields.get("cause"))).inc()
-        self.backoff_delay.set(_number(fields.get("delay_s")) or 0)
-
-    def _on_gave_up(self, fields: Fields) -> None:
-        self._gave_up = True
-        self._refresh()
-
-    def _on_headroom_low(self, fields: Fields) -> None:
-        threshold = _number(fields.get("threshold_gb"))
-        if threshold is not None:
-            self.headroom_min.set(threshold * GIB)
-
-    def _on_gpu_memory_stuck(self, fields: Fields) -> None:
-        self.gpu_memory_stuck.set(1)
-
-    def _on_gpu_sample(self, fields: Fields) -> None:
-        # gpus is a list of {index, uuid, total_bytes, free_bytes} (supervisor.core.events); a
-        # malformed one raises here and emit logs it; the cast checks nothing.
-        gpus = cast("Iterable[Mapping[str, object]]", fields.get("gpus") or ())
+    def _gpu_sample(self, gpus: Iterable[Json]) -> None:
+        # Each GPU is a {index, uuid, total_bytes, free_bytes} record (supervisor.core.events);
+        # a malformed one raises here and emit logs it.
         sampled = []
         for gpu in gpus:
             labels = (str(gpu["index"]), str(gpu.get("uuid") or ""))
@@ -473,71 +519,20 @@ class Metrics:
             self._sampled = tuple(sampled)
         self._show_rank_gpus()
 
-    def _on_gpu_probe_error(self, fields: Fields) -> None:
-        self.gpu_probe_errors.inc()
-
-    def _on_probe(self, fields: Fields) -> None:
+    def _probe(self, event: ProbeAnswered) -> None:
         if self._state is State.STARTING:
             return  # startup polls: refused by design until ready; startup_duration covers it
-        duration = _number(fields.get("duration_s"))
-        if duration is not None:
-            self.probe_duration.observe(duration)
-        self._probe_ok = bool(fields.get("ok"))
-        if not self._probe_ok:
-            reason = "no_response" if fields.get("status") is None else "http_status"
-            self.probe_failures.labels(reason).inc()
+        self.probe_duration.observe(event.duration_s)
+        self._probe_ok = event.ok
+        if not event.ok:
+            self.probe_failures.labels("no_response" if event.status is None else "http_status").inc()
         self._refresh()
 
-    @staticmethod
-    def _kind(fields: Fields) -> str:
-        kind = fields.get("kind")
-        return kind if isinstance(kind, str) and kind in ALERT_KIND_LABELS else "other"
 
-    def _on_alert_sent(self, fields: Fields) -> None:
-        self.alerts_sent.labels(self._kind(fields)).inc()
+def _alert_kind(value: object) -> str:
+    return value if isinstance(value, str) and value in ALERT_KIND_LABELS else "other"
 
-    def _on_alert_dropped(self, fields: Fields) -> None:
-        self.alerts_dropped.labels(self._kind(fields)).inc()
 
-    def _on_mqtt_connected(self, fields: Fields) -> None:
-        self.mqtt_connected.set(1 if fields.get("connected") else 0)
-
-    def _on_mqtt_connect_failed(self, fields: Fields) -> None:
-        reason = fields.get("reason")
-        self.mqtt_connect_failures.labels(reason if isinstance(reason, str) and reason in MQTT_FAILURE_REASONS else "error").inc()
-
-    # -- the router --------------------------------------------------------------------------
-
-    def _on_router_registered(self, fields: Fields) -> None:
-        self.router_registered.set(1)
-
-    def _on_router_removed(self, fields: Fields) -> None:
-        self.router_registered.set(0)
-        after = fields.get("after_s")
-        if isinstance(after, int | float) and math.isfinite(after) and after >= 0:
-            self.router_remove.observe(after)
-
-    def _on_group_joined(self, fields: Fields) -> None:
-        self.group_etcd_up.set(1)
-        self.group_leader.set(0)
-
-    def _on_group_leader(self, fields: Fields) -> None:
-        self.group_leader.set(1)
-        self.group_etcd_up.set(1)
-
-    def _on_group_generation(self, fields: Fields) -> None:
-        self.group_generation.set(_gauge_value(fields.get("number")))
-
-    def _on_group_etcd_unreachable(self, fields: Fields) -> None:
-        self.group_etcd_up.set(0)
-        self.group_leader.set(0)  # a lost session ends a leadership
-
-    def _on_group_etcd_recovered(self, fields: Fields) -> None:
-        self.group_etcd_up.set(1)
-
-    def _on_router_call_failed(self, fields: Fields) -> None:
-        op = fields.get("op")
-        self.router_call_failures.labels(op if op in ROUTER_OPS else "list").inc()
 
 
 # -- the endpoint ------------------------------------------------------------------------
