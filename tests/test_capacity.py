@@ -378,3 +378,28 @@ def test_until_the_model_can_say_a_climb_is_one_step_up_and_never_past_a_ceiling
     walled.launch_to_ready()
     walled.send(TimerFired(Timer.STABLE), after=600.0)
     assert not [a for a in walled.send(KvPressure("retraction", "x"), after=1.0) if isinstance(a, AskClimb)]
+
+
+def test_the_metrics_show_the_recommendation_the_pressure_and_the_climbs() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from supervisor.core.events import ClimbFellBack, Climbed, KvPressureSeen, Recommended
+    from supervisor.sinks.metrics import Metrics
+
+    registry = CollectorRegistry()
+    metrics = Metrics(registry=registry)
+    value = registry.get_sample_value
+    metrics.emit(Recommended(fraction=None, mem_fraction_static=0.88, kv_tokens_now=None, kv_tokens_at=None,
+                             headroom_gb=None, rank="", missing="no load seen yet", words="", points=1))
+    assert value("sglang_supervisor_recommended_fraction") != value("sglang_supervisor_recommended_fraction")  # NaN
+    metrics.emit(Recommended(fraction=0.91, mem_fraction_static=0.88, kv_tokens_now=185_649, kv_tokens_at=229_657,
+                             headroom_gb=2.4, rank="TP3", missing="", words="", points=2))
+    assert value("sglang_supervisor_recommended_fraction") == 0.91
+    assert value("sglang_supervisor_predicted_kv_tokens") == 229_657
+    metrics.emit(KvPressureSeen(source="retraction", detail="x", signals=3, mem_fraction_static=0.88))
+    assert value("sglang_supervisor_kv_pressure_total", {"source": "retraction"}) == 3
+    assert value("sglang_supervisor_kv_pressure_total", {"source": "metrics"}) == 0
+    metrics.emit(Climbed(mem_fraction_before=0.88, mem_fraction_static=0.91, kv_tokens_gain=0.19, words=""))
+    metrics.emit(ClimbFellBack(mem_fraction_failed=0.91, mem_fraction_static=0.88, cause=Cause.CUDA_OOM_RUNTIME))
+    assert value("sglang_supervisor_climbs_total", {"outcome": "climbed"}) == 1
+    assert value("sglang_supervisor_climbs_total", {"outcome": "fell_back"}) == 1

@@ -37,6 +37,9 @@ from supervisor import __version__
 from supervisor.core.config import url_host
 from supervisor.core.events import (
     ALERT_KINDS,
+    Climbed,
+    ClimbFellBack,
+    ClimbKept,
     ConfigReloaded,
     Crash,
     DaemonFailed,
@@ -59,6 +62,7 @@ from supervisor.core.events import (
     GroupLeader,
     HeadroomLow,
     Json,
+    KvPressureSeen,
     LinkDown,
     LinkUp,
     OrphansKilled,
@@ -66,6 +70,7 @@ from supervisor.core.events import (
     PortInUse,
     PreflightFailed,
     ProbeAnswered,
+    Recommended,
     Recovered,
     RestartRequested,
     RestartScheduled,
@@ -81,6 +86,8 @@ from supervisor.core.events import (
 )
 from supervisor.core.model import Cause, State
 
+KV_PRESSURE_SOURCES = ("retraction", "metrics")  # core.messages.KvPressure's sources
+CLIMB_OUTCOMES = ("climbed", "fell_back", "kept")
 PREFIX = "sglang_supervisor"
 GIB = 1024**3  # SGLang prints GPU memory ("avail mem=0.82 GB") in GiB (x / (1 << 30))
 HICACHE_GB = 10**9  # --hicache-size is in decimal GB (SGLang multiplies it by 1e9)
@@ -284,6 +291,11 @@ class Metrics:
         # [fleet], SGLang's router, the MQTT broker.
         self.link_up = gauge("link_up", "1 while the link answers, 0 during an outage (NaN = not configured, or not answered or failed yet).", ["link"])
         self.link_outages = counter("link_outages", "Outages of a link (each one however often it was retried).", ["link"])
+        # The memory model (docs/capacity.md)
+        self.recommended = gauge("recommended_fraction", "The memory model's highest stable fraction, f* (NaN = it cannot say yet).")
+        self.predicted_kv_tokens = gauge("predicted_kv_tokens", "KV tokens the memory model predicts at f* (NaN = it cannot say yet).")
+        self.kv_pressure = counter("kv_pressure", "SGLang's KV-pressure signals while serving (not crashes), by source.", ["source"])
+        self.climbs = counter("climbs", "Climbs to a higher fraction ([policy] climb), and their fall-backs.", ["outcome"])
 
         for metric, label_values in (
             (self.state, [s.value for s in State]),
@@ -296,6 +308,8 @@ class Metrics:
             (self.events, COUNTED_EVENTS),
             (self.router_call_failures, ROUTER_OPS),
             (self.link_outages, LINKS),
+            (self.kv_pressure, KV_PRESSURE_SOURCES),
+            (self.climbs, CLIMB_OUTCOMES),
         ):
             for value in label_values:
                 metric.labels(value)
@@ -351,6 +365,17 @@ class Metrics:
                 self.backoff_delay.set(delay_s)
             case GaveUp():
                 self.gave_up.set(1)
+            case Recommended(fraction=fraction, kv_tokens_at=tokens):
+                self.recommended.set(NAN if fraction is None else fraction)
+                self.predicted_kv_tokens.set(NAN if fraction is None or tokens is None else tokens)
+            case KvPressureSeen(source=source, signals=signals):
+                self.kv_pressure.labels(source=source).inc(signals)
+            case Climbed():
+                self.climbs.labels(outcome="climbed").inc()
+            case ClimbFellBack():
+                self.climbs.labels(outcome="fell_back").inc()
+            case ClimbKept():
+                self.climbs.labels(outcome="kept").inc()
             case HeadroomLow(threshold_gb=threshold_gb):
                 self.headroom_min.set(threshold_gb * GIB)
             case GpuMemoryStuck():
