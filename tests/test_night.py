@@ -7,7 +7,15 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from supervisor.core.night import next_daily, parse_duration, parse_time_of_day, summarize
+from supervisor.core.night import (
+    ClimbStep,
+    kv_pressure,
+    next_daily,
+    parse_duration,
+    parse_time_of_day,
+    recommendation,
+    summarize,
+)
 
 T0 = 1_000_000.0
 
@@ -59,6 +67,125 @@ def test_the_demo_night_in_figures():
     assert [launch.avail_mem_after_capture_gb for launch in n.launches] == [0.82, 5.62]
     assert [b.state for b in n.bands] == ["STARTING", "READY", "EXITED", "BACKOFF", "STARTING", "READY"]
     assert n.open_problems == ()
+
+
+WORDS_091 = ("0.91 (now 0.88) would give +19 % KV tokens (220,922) and leave 2.4 GB at the observed peak on the "
+             "tightest rank (TP3); headroom stops it higher")
+WORDS_090 = ("0.9 (now 0.88) would give +12 % KV tokens (207,927) and leave 3.1 GB at the observed peak on the "
+             "tightest rank (TP3); out-of-memory at 0.91 stops it higher")
+
+WORDS_KEEP = ("0.9 (now 0.9) would give +0 % KV tokens (207,927) and leave 3.1 GB at the observed peak on the "
+              "tightest rank (TP3); out-of-memory at 0.91 stops it higher")
+
+
+def recommended(dt: float, fraction: float | None, words: str, **fields: object) -> dict[str, object]:
+    return rec(dt, "recommended_fraction", fraction=fraction, rank="TP3", words=words, points=2,
+               **{"mem_fraction_static": 0.88, "kv_tokens_now": 185649, "kv_tokens_at": None, "headroom_gb": None,
+                  "missing": "", **fields})
+
+
+def relaunch(dt: float, fraction: float, attempt: int, cause: str, frm: str) -> list[dict[str, object]]:
+    """``frm`` -> BACKOFF, the restart at once at ``fraction``, READY two minutes later."""
+    return [changed(dt, frm, "BACKOFF"),
+            rec(dt, "restart_scheduled", delay_s=0.0, cause=cause, mem_fraction_static=fraction, attempt=attempt),
+            changed(dt + 1, "BACKOFF", "STARTING"),
+            rec(dt + 1, "launch", mem_fraction_static=fraction, attempt=attempt, pid=attempt),
+            changed(dt + 120, "STARTING", "READY")]
+
+
+# After the demo night, at 0.88: KV pressure, the model recommends 0.91, a climb to 0.91 that
+# dies of a CUDA OOM on probation and falls back to 0.88 (0.91 a ceiling now: 0.9 recommended),
+# more pressure, a climb to 0.9 that is kept after its 30 min probation.
+CLIMBS = [
+    *DEMO,
+    rec(4000, "kv_pressure", source="retraction", detail="#retracted_reqs: 3", signals=3, mem_fraction_static=0.88),
+    recommended(4100, 0.91, WORDS_091, kv_tokens_at=220922, headroom_gb=2.4),
+    rec(4200, "kv_pressure", source="metrics", detail="token_usage 0.99, #queue-req 12", signals=2,
+        mem_fraction_static=0.88),
+    rec(4260, "climb", mem_fraction_before=0.88, mem_fraction_static=0.91, kv_tokens_gain=0.19, words=WORDS_091),
+    changed(4260, "READY", "RESTARTING"),
+    *relaunch(4265, 0.91, 3, "climb", "RESTARTING"),  # READY at 4385
+    changed(4800, "READY", "EXITED"),
+    rec(4800, "server_down", pid=3, title="sglang::scheduler_TP3", phase="serving"),
+    rec(4805, "crash", cause="cuda_oom_runtime", phase="serving", remedy="fraction_down", mem_fraction_static=0.91,
+        next_mem_fraction_static=0.88, next_retry_s=0.0),
+    rec(4805, "climb_fell_back", mem_fraction_failed=0.91, mem_fraction_static=0.88, cause="cuda_oom_runtime"),
+    *relaunch(4806, 0.88, 4, "cuda_oom_runtime", "EXITED"),  # READY at 4926
+    recommended(4926, 0.9, WORDS_090, kv_tokens_at=207927, headroom_gb=3.1),
+    rec(5400, "kv_pressure", source="retraction", detail="#retracted_reqs: 1", signals=1, mem_fraction_static=0.88),
+    rec(5460, "climb", mem_fraction_before=0.88, mem_fraction_static=0.9, kv_tokens_gain=0.12, words=WORDS_090),
+    changed(5460, "READY", "RESTARTING"),
+    *relaunch(5465, 0.9, 5, "climb", "RESTARTING"),  # READY at 5585
+    recommended(5585, 0.9, WORDS_KEEP, mem_fraction_static=0.9, kv_tokens_now=207927, kv_tokens_at=207927,
+                headroom_gb=3.1),
+    rec(7385, "climb_kept", mem_fraction_static=0.9, probation_s=1800.0),
+]
+
+
+def test_a_night_with_climbs_in_figures():
+    """The last recommendation, the KV pressure summed by source, each climb, fall-back and
+    keeping; a climb's drained restart is time lost to restarts, drawn by the climb's own
+    marker (not a restart triangle labelled with the last crash's remedy)."""
+    n = summarize(CLIMBS, start=T0, end=T0 + 9000, floor=0.8)
+    advice = n.recommended
+    assert advice is not None and advice.t == T0 + 5585
+    assert (advice.fraction, advice.current, advice.direction, advice.words) == (0.9, 0.9, "keep", WORDS_KEEP)
+    assert advice.gain == 0
+    before = summarize(CLIMBS, start=T0, end=T0 + 5500, floor=0.8).recommended  # before the climb to 0.9
+    assert before is not None and (before.fraction, before.current, before.direction) == (0.9, 0.88, "raise")
+    assert before.gain == pytest.approx(207927 / 185649 - 1)
+    kv = n.kv_pressure
+    assert kv is not None and kv.signals == 6 and kv.by_source == (("retraction", 4), ("metrics", 2))
+    assert (kv.last_t, kv.last_source, kv.last_fraction) == (T0 + 5400, "retraction", 0.88)
+    assert n.climbs == (
+        ClimbStep(T0 + 4260, "climb", 0.91, before=0.88, gain=0.19),
+        ClimbStep(T0 + 4805, "fell_back", 0.88, before=0.91, cause="cuda_oom_runtime"),
+        ClimbStep(T0 + 5460, "climb", 0.9, before=0.88, gain=0.12),
+        ClimbStep(T0 + 7385, "kept", 0.9, probation_s=1800.0),
+    )
+    assert [m.label for m in n.restart_markers] == ["fraction_down: restart at 0.88"] * 2
+    assert n.lost_restart_s == pytest.approx((4385 - 4260) + (5585 - 5460))  # from the climb to READY
+    assert n.lost_crash_s == pytest.approx(110 + (4926 - 4800))
+    assert [f for _, f in n.fraction_steps] == [0.93, 0.88, 0.91, 0.88, 0.9]
+    assert n.crashes == (("cuda_oom_runtime", 2),)
+
+
+def test_without_the_memory_models_records_there_is_nothing_to_say():
+    n = summarize(DEMO, start=T0, end=T0 + 7200, floor=0.8)
+    assert (n.recommended, n.kv_pressure, n.climbs) == (None, None, ())
+
+
+def test_the_last_recommendation_said_holds_until_another_is_said():
+    """Said when it changes: the last one before the window still holds in it (with its own
+    time); one said after ``end`` is not yet said; none said, None."""
+    told = [recommended(100, None, "no recommended fraction yet: needs start-up facts from launches at two different "
+                        "fractions (has 0.88 only)", missing="needs start-up facts from launches at two different "
+                        "fractions (has 0.88 only)"),
+            recommended(9000, 0.91, WORDS_091)]
+    early = recommendation(told, end=T0 + 5000)
+    assert early is not None and early.t == T0 + 100 and early.fraction is None and early.direction == ""
+    assert early.missing.startswith("needs start-up facts") and early.gain is None
+    later = recommendation(told, end=T0 + 9000)
+    assert later is not None and later.fraction == 0.91
+    assert recommendation(DEMO, end=T0 + 9000) is None
+    assert summarize([*DEMO, *told], start=T0 + 1000, end=T0 + 7200, floor=0.8).recommended == early
+
+
+def test_kv_pressure_counts_a_record_without_its_count_as_one():
+    kv = kv_pressure([rec(10, "kv_pressure", source="metrics", detail="d", mem_fraction_static=0.88),
+                      rec(5, "kv_pressure", source="retraction", detail="e", signals=4, mem_fraction_static=None)])
+    assert kv is not None and kv.signals == 5 and kv.by_source == (("retraction", 4), ("metrics", 1))
+    assert (kv.last_t, kv.last_detail, kv.last_fraction) == (T0 + 10, "d", 0.88)
+    assert kv_pressure(DEMO) is None
+
+
+def test_a_planned_restart_after_a_crash_is_labelled_with_its_own_cause():
+    """An operator's restart later in the night is not the last crash's remedy."""
+    restarted = [*DEMO, rec(5000, "restart_requested"), changed(5000, "READY", "RESTARTING"),
+                 *relaunch(5005, 0.88, 3, "operator_restart", "RESTARTING")]
+    n = summarize(restarted, start=T0, end=T0 + 7200, floor=0.8)
+    assert [m.label for m in n.restart_markers] == ["fraction_down: restart at 0.88",
+                                                    "operator_restart: restart at 0.88"]
 
 
 def test_the_state_before_the_window_carries_into_it():

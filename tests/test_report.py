@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import free_port
@@ -118,6 +119,9 @@ def test_the_demo_nights_report_in_a_real_browser(tmp_path, no_leftovers):
     assert "cuda_oom_runtime" in text
     assert re.search(r"crash: cuda_oom_runtime \(serving\) at 0\.93, remedy fraction_down → 0\.88", text), text[:3000]
     assert "0.93 at the start → 0.88 at the end" in text
+    # the memory model's last word, from the demo's own recommended_fraction records
+    assert re.search(r"What to change (Recommended mem_fraction_static: (raise it to|keep|lower it to) 0\.\d+"
+                     r"|No recommended mem_fraction_static yet: needs )", text), text[:3000]
     assert "cuda_oom_runtime × 1" in text
     assert "258,992 at 0.93" in text and "at 0.88" in text  # KV tokens per rung
     box = json.loads(re.search(r'<pre id="chart-box">(.*?)</pre>', dom).group(1))  # type: ignore[union-attr]
@@ -140,8 +144,20 @@ def test_the_demo_nights_report_in_a_real_browser(tmp_path, no_leftovers):
         shutil.copy(shot, REPO / "docs" / "report-demo.png")
 
 
-def _journal_night(state: Path) -> None:
-    """The demo night written through the real sinks, at fixed wall times."""
+WORDS_091 = ("0.91 (now 0.88) would give +19 % KV tokens (220,922) and leave 2.4 GB at the observed peak on the "
+             "tightest rank (TP3); headroom stops it higher")
+WORDS_090 = ("0.9 (now 0.88) would give +12 % KV tokens (207,927) and leave 3.1 GB at the observed peak on the "
+             "tightest rank (TP3); out-of-memory at 0.91 stops it higher")
+WORDS_KEEP = ("0.9 (now 0.9) would give +0 % KV tokens (207,927) and leave 3.1 GB at the observed peak on the "
+              "tightest rank (TP3); out-of-memory at 0.91 stops it higher")
+CLIMB_NIGHT_END = 19800  # seconds after 2025-11-30 00:00 UTC: 05:30
+
+
+def _journal_night(state: Path, *, climbs: bool = False) -> None:
+    """The demo night written through the real sinks, at fixed wall times; with ``climbs``,
+    what the memory model did after it (issue 25): KV pressure at 0.88, 0.91 recommended, a
+    climb to 0.91 at 02:30 that dies of a CUDA OOM on probation and falls back to 0.88 at
+    03:10, 0.9 recommended, a climb to 0.9 at 04:30 kept after its 30 min probation (05:02)."""
     t = [1_764_460_800.0]  # 2025-11-30 00:00 UTC
     clock = lambda: t[0]  # noqa: E731
     journal = JournalSink(state, clock=clock)
@@ -175,8 +191,66 @@ def _journal_night(state: Path) -> None:
     changed(3820, State.STARTING, State.READY, 0.88)
     for k in range(1, 30):
         at(3820 + 60 * k, ev.GpuSample(gpus=()), 5.6)
+    if climbs:
+        _climbs(at, changed)
     journal.close()
     ring.close()
+
+
+def _climbs(at, changed) -> None:
+    """The climbs night's events, written in time order (the ring's samples among them)."""
+    timeline: list[tuple[float, Any]] = []  # (dt, event or (from, to, fraction) for a state change)
+
+    def recommended(dt: float, fraction: float, now: float, tokens_now: int, tokens_at: int, headroom: float,
+                    words: str) -> None:
+        timeline.append((dt, ev.Recommended(fraction=fraction, mem_fraction_static=now, kv_tokens_now=tokens_now,
+                                            kv_tokens_at=tokens_at, headroom_gb=headroom, rank="TP3", missing="",
+                                            words=words, points=2)))
+
+    def climb(dt: float, frm: float, to: float, gain: float, words: str, attempt: int) -> None:
+        timeline.append((dt, ev.Climbed(mem_fraction_before=frm, mem_fraction_static=to, kv_tokens_gain=gain,
+                                        words=words)))
+        timeline.append((dt, (State.READY, State.RESTARTING, frm)))
+        relaunch(dt + 5, State.RESTARTING, Cause.CLIMB, frm, to, attempt)
+
+    def relaunch(dt: float, frm_state: State, cause: Cause, frm: float, to: float, attempt: int) -> None:
+        timeline.append((dt, (frm_state, State.BACKOFF, to)))
+        timeline.append((dt, ev.RestartScheduled(delay_s=0.0, cause=cause, mem_fraction_static=to, hicache_size_gb=None,
+                                                 attempt=attempt, rung=None, mem_fraction_before=frm)))
+        timeline.append((dt + 1, (State.BACKOFF, State.STARTING, to)))
+        timeline.append((dt + 1, ev.ServerLaunched(argv=("python",), mem_fraction_static=to, hicache_size_gb=None,
+                                                   attempt=attempt, pid=attempt, rung=None, launch_id=f"l{attempt}")))
+        timeline.append((dt + 115, (State.STARTING, State.READY, to)))
+
+    timeline.append((7200, ev.KvPressureSeen(source="retraction", detail="#retracted_reqs: 3", signals=3,
+                                             mem_fraction_static=0.88)))
+    recommended(7800, 0.91, 0.88, 185649, 220922, 2.4, WORDS_091)
+    timeline.append((8400, ev.KvPressureSeen(source="metrics", detail="token_usage 0.99, #queue-req 12", signals=2,
+                                             mem_fraction_static=0.88)))
+    climb(9000, 0.88, 0.91, 0.19, WORDS_091, 3)  # 02:30, READY at 02:32
+    timeline.append((11400, (State.READY, State.EXITED, 0.91)))
+    timeline.append((11400, ev.Crash(
+        cause=Cause.CUDA_OOM_RUNTIME, remedy=Remedy.FRACTION_DOWN, phase=Phase.SERVING, exit_code=None, signal=9,
+        evidence=("torch.OutOfMemoryError: CUDA out of memory.",), evidence_lineno=1, location=None, rank="TP3",
+        exc_type=None, exc_message=None, mem_fraction_static=0.91, hicache_size_gb=None, attempt=3,
+        next_mem_fraction_static=0.88, next_hicache_size_gb=None, next_retry_s=0.0, consecutive_failures=1)))
+    timeline.append((11400, ev.ClimbFellBack(mem_fraction_failed=0.91, mem_fraction_static=0.88,
+                                            cause=Cause.CUDA_OOM_RUNTIME)))
+    relaunch(11400, State.EXITED, Cause.CUDA_OOM_RUNTIME, 0.91, 0.88, 4)  # 03:10, READY at 03:11
+    recommended(11516, 0.9, 0.88, 185649, 207927, 3.1, WORDS_090)
+    timeline.append((14400, ev.KvPressureSeen(source="retraction", detail="#retracted_reqs: 1", signals=1,
+                                             mem_fraction_static=0.88)))
+    climb(16200, 0.88, 0.9, 0.12, WORDS_090, 5)  # 04:30, READY at 04:32
+    recommended(16321, 0.9, 0.9, 207927, 207927, 3.1, WORDS_KEEP)
+    timeline.append((18121, ev.ClimbKept(mem_fraction_static=0.9, probation_s=1800.0)))  # 05:02
+    samples = [(5640.0 + 60 * k, None) for k in range(int((CLIMB_NIGHT_END - 5640) // 60))]
+    for dt, item in sorted([*timeline, *samples], key=lambda pair: pair[0]):  # stable: same-time order kept
+        if item is None:
+            at(dt, ev.GpuSample(gpus=()), 3.4 if 9000 <= dt < 11400 else 4.4)
+        elif isinstance(item, tuple):
+            changed(dt, *item)
+        else:
+            at(dt, item)
 
 
 def test_text_and_png_formats(tmp_path):
@@ -198,6 +272,7 @@ def test_text_and_png_formats(tmp_path):
     assert "02:45:00  launch #2 at mem_fraction_static=0.88" not in out  # 01:01:42 UTC, not a made-up time
     assert "01:01:42  launch #2 at mem_fraction_static=0.88" in out
     assert "1.0 GB at the least" in out or "0.8 GB at the least" in out
+    assert "What to change" not in out and "KV pressure" not in out  # the memory model said nothing that night
     png = tmp_path / "night.png"
     r = subprocess.run([sys.executable, "-c", code, str(config), "png", str(png)], capture_output=True, text=True,
                        cwd=REPO, env=env_now, timeout=120)
@@ -280,3 +355,163 @@ def test_an_event_line_says_only_what_the_log_said():
     assert event_line({"kind": "startup_facts", "max_total_num_tokens": 258992, "avail_mem_after_capture_gb": 0.82}) == (
         "startup facts: 0.82 GB after CUDA-graph capture, max_total_num_tokens=258992")
     assert event_line({"kind": "startup_facts"}) == "startup facts: none read"
+
+
+# --- the memory model's word (issue 25): the recommended fraction, KV pressure, climbs -------
+
+
+def _climbs_config(tmp_path: Path, *, climbs: bool = True):
+    from supervisor.core.config import load_config
+
+    state = tmp_path / ("climbs" if climbs else "plain")
+    _journal_night(state, climbs=climbs)
+    config = tmp_path / f"{state.name}.toml"
+    config.write_text(f'[server]\nmodel_path = "m"\n[state]\ndir = "{state}"\n[report]\ntimezone = "UTC"\n')
+    return load_config(str(config))
+
+
+def _text_report(tmp_path: Path, cfg, end: float) -> str:
+    from supervisor.cli.report import write_report
+
+    path = write_report(cfg, fmt="text", output=str(tmp_path / "night.txt"), since_s=12 * 3600,
+                        now=1_764_460_800 + end)
+    assert path is not None
+    return path.read_text()
+
+
+def _what_to_change(out: str) -> list[str]:
+    """The "What to change" section, one entry a line (wrapped sentences joined)."""
+    assert out.index("What to do now:") < out.index("What to change:") < out.index("state now")
+    section = out.split("What to change:\n", 1)[1].split("\n\n", 1)[0]
+    entries: list[str] = []
+    for line in section.splitlines():
+        if line.startswith("  - ") or line.startswith("      "):
+            entries.append(line.strip().removeprefix("- "))
+        else:
+            entries[-1] += " " + line.strip()
+    return entries
+
+
+KV_WORDS = ("Not a crash: SGLang's KV cache ran short while serving (requests retracted or queued), the sign that a "
+            "higher fraction would pay.")
+
+
+def test_what_to_change_says_the_recommended_fraction_kv_pressure_and_each_climb(tmp_path):
+    """The climbs night in words, where a reader looks for what to change: the last
+    recommendation (0.9 kept: it runs 0.9 now), six KV pressure signals by source with the
+    last one, each climb, the fall-back and the climb kept, with their local times."""
+    out = _text_report(tmp_path, _climbs_config(tmp_path), CLIMB_NIGHT_END)
+    assert _what_to_change(out) == [
+        "Recommended mem_fraction_static: keep 0.9: it leaves 3.1 GB at the observed peak on the tightest rank "
+        "(TP3); out-of-memory at 0.91 stops it higher (the memory model, 04:32).",
+        f"KV pressure: 6 signals (4 retraction, 2 metrics), the last at 04:00 at 0.88 (retraction: #retracted_reqs: 1)."
+        f" {KV_WORDS}",
+        "climbs:",
+        "raised to 0.91 at 02:30 (from 0.88): +19 % KV tokens",
+        "fell back to 0.88 at 03:10: 0.91 failed on probation (a CUDA OOM while serving)",
+        "raised to 0.9 at 04:30 (from 0.88): +12 % KV tokens",
+        "kept 0.9 at 05:02, after its 30 min probation",
+    ]
+    assert "cuda_oom_runtime × 2" in out and "0.93 at the start → 0.9 at the end" in out
+    assert "02:30:00  climb: 0.88 → 0.91: +19 % KV tokens" in out  # and in the night's events
+    assert "03:10:00  climb fell back to 0.88: 0.91 failed on probation (cuda_oom_runtime)" in out
+
+
+def test_what_to_change_before_the_second_climb(tmp_path):
+    """At 03:20, after the fall-back: raise it to 0.9 (the model's arithmetic), the pressure
+    so far, one climb and its fall-back."""
+    out = _text_report(tmp_path, _climbs_config(tmp_path), 12000)
+    assert _what_to_change(out) == [
+        f"Recommended mem_fraction_static: raise it to 0.9. {WORDS_090} (the memory model, 03:11).",
+        "KV pressure: 5 signals (3 retraction, 2 metrics), the last at 02:20 at 0.88 (metrics: token_usage 0.99, "
+        f"#queue-req 12). {KV_WORDS}",
+        "climbs:",
+        "raised to 0.91 at 02:30 (from 0.88): +19 % KV tokens",
+        "fell back to 0.88 at 03:10: 0.91 failed on probation (a CUDA OOM while serving)",
+    ]
+
+
+def test_the_recommendation_in_words_when_it_has_none_is_stale_or_from_before_the_night():
+    """None yet: what the model is missing. Said before a later launch at another fraction:
+    it says so. Said before the night: with its date."""
+    from zoneinfo import ZoneInfo
+
+    from supervisor.core.night import summarize
+    from supervisor.report import fraction_lines
+
+    utc = ZoneInfo("UTC")
+    t0 = 1_764_460_800.0  # 2025-11-30 00:00 UTC
+    missing = "needs the least free GPU memory seen while serving (no load seen yet)"
+    records = [
+        {"t": t0 - 7200, "kind": "launch", "mem_fraction_static": 0.88, "attempt": 1},
+        {"t": t0 - 3600, "kind": "recommended_fraction", "fraction": None, "mem_fraction_static": 0.88,
+         "missing": missing, "words": f"no recommended fraction yet: {missing}"},
+    ]
+    said, climbed = fraction_lines(summarize(records, start=t0, end=t0 + 3600, floor=0.8), utc)
+    assert said == [f"No recommended mem_fraction_static yet: {missing} (the memory model, 2025-11-29 23:00)."]
+    assert climbed == []
+    later = [*records,
+             {"t": t0 + 60, "kind": "recommended_fraction", "fraction": 0.91, "mem_fraction_static": 0.88,
+              "kv_tokens_now": 100_000, "kv_tokens_at": 119_000, "headroom_gb": 2.4, "rank": "TP3", "words": ""},
+             {"t": t0 + 120, "kind": "launch", "mem_fraction_static": 0.85, "attempt": 2}]
+    said, _ = fraction_lines(summarize(later, start=t0, end=t0 + 3600, floor=0.8), utc)
+    assert said == ["Recommended mem_fraction_static: raise it to 0.91. 0.91 would give +19 % KV tokens and leave "
+                    "2.4 GB at the observed peak on the tightest rank (TP3) (the memory model, 00:01). It was said at "
+                    "0.88; the server runs 0.85 now."]
+    assert fraction_lines(summarize(records[:1], start=t0, end=t0 + 3600, floor=0.8), utc) == ([], [])
+
+
+def _pixels(png: bytes, rgb: tuple[int, int, int]) -> int:
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(png)) as image:
+        colours = image.convert("RGB").getcolors(maxcolors=1 << 22) or []
+    return sum(n for n, colour in colours if colour == rgb)
+
+
+def test_the_chart_marks_climbs_and_fall_backs(tmp_path):
+    """The climbs night's chart has the climb's green up-arrows and the fall-back's orange
+    down-arrow (their colours, which nothing else on the chart uses); the demo night's has neither."""
+    from zoneinfo import ZoneInfo
+
+    from supervisor.report import chart, collect
+
+    utc = ZoneInfo("UTC")
+    green, orange = (0x1A, 0x98, 0x50), (0xE6, 0x61, 0x01)
+    assert chart.CLIMB == "#1a9850" and chart.FELL_BACK == "#e66101"
+    climbs = collect(_climbs_config(tmp_path), since_s=12 * 3600, now=1_764_460_800 + CLIMB_NIGHT_END, tz=utc)
+    drawn = chart.png(climbs, utc, ["climbs"])
+    assert _pixels(drawn, green) > 200 and _pixels(drawn, orange) > 100
+    plain = collect(_climbs_config(tmp_path, climbs=False), since_s=12 * 3600, now=1_764_460_800 + 6000, tz=utc)
+    assert plain[0].night.crash_markers and not plain[0].night.climbs
+    drawn = chart.png(plain, utc, ["plain"])
+    assert _pixels(drawn, green) == 0 and _pixels(drawn, orange) == 0
+
+
+@pytest.mark.integration
+def test_the_climbs_nights_page_in_a_real_browser(tmp_path):
+    """The climbs night's HTML report in headless Chromium: "What to change" is rendered before
+    the chart, with the recommendation, the KV pressure line and each climb; the night's events
+    list the climb and the fall-back."""
+    from supervisor.cli.report import write_report
+
+    browser = chromium()
+    page = write_report(_climbs_config(tmp_path), fmt="html", output=str(tmp_path / "climbs.html"),
+                        since_s=12 * 3600, now=1_764_460_800 + CLIMB_NIGHT_END)
+    assert page is not None
+    dumped = headless(browser, tmp_path, "--dump-dom", page.as_uri())
+    assert dumped.returncode == 0, dumped.stderr[-2000:]
+    text = visible_text(dumped.stdout)
+    change = text.index("What to change")
+    assert text.index("What to do now") < change < text.index("Summary")
+    said = text[change:text.index("Summary")]
+    assert said.startswith("What to change Recommended mem_fraction_static: keep 0.9: it leaves 3.1 GB"), said
+    assert "KV pressure: 6 signals (4 retraction, 2 metrics), the last at 04:00 at 0.88" in said
+    assert "Not a crash" in said and "a higher fraction would pay" in said
+    assert ("Climbs: raised to 0.91 at 02:30 (from 0.88): +19 % KV tokens fell back to 0.88 at 03:10: 0.91 failed on "
+            "probation (a CUDA OOM while serving) raised to 0.9 at 04:30 (from 0.88): +12 % KV tokens kept 0.9 at "
+            "05:02, after its 30 min probation") in said
+    assert "climb: 0.88 → 0.91: +19 % KV tokens" in text and "climb kept: 0.9 served through its 30 min probation" in text
+    assert '<ul class="fraction">' in page.read_text() and page.read_text().count("data:image/png;base64,") == 1

@@ -13,7 +13,11 @@ ladder's floor. No clock, no file: the caller reads the journal and hands in ``e
 - per launch: its fraction, ``max_total_num_tokens`` and ``avail mem`` after CUDA-graph
   capture (the startup facts that followed it);
 - ``open_problems``: the alert-worthy records still unresolved at ``end``, each as
-  (MQTT alert kind, the record), for the alerts' own wording.
+  (MQTT alert kind, the record), for the alerts' own wording;
+- the memory model's word (issue 25, docs/capacity.md): ``recommendation`` (the last
+  ``recommended_fraction`` record), ``kv_pressure`` (the ``kv_pressure`` records summed up) and
+  ``climbs`` (each ``climb``, ``climb_fell_back`` and ``climb_kept``, for the chart's markers
+  and the report's words).
 """
 
 from __future__ import annotations
@@ -65,6 +69,70 @@ class Launch:
 
 
 @dataclass(frozen=True, slots=True)
+class Advice:
+    """The memory model's recommended fraction, as its last ``recommended_fraction`` record
+    said it: ``fraction`` with its arithmetic in ``words``, or None and what is ``missing``."""
+
+    t: float
+    fraction: float | None
+    current: float | None  # the fraction running when it was said
+    kv_tokens_now: int | None
+    kv_tokens_at: int | None
+    headroom_gb: float | None
+    rank: str
+    missing: str
+    words: str
+
+    @property
+    def gain(self) -> float | None:
+        """KV tokens at ``fraction`` over those now, as a share (0.19: +19 %)."""
+        if self.kv_tokens_now and self.kv_tokens_at is not None:
+            return self.kv_tokens_at / self.kv_tokens_now - 1
+        return None
+
+    @property
+    def direction(self) -> str:
+        """"raise", "keep" or "lower" the fraction; "" when there is none (or no current one)."""
+        if self.fraction is None or self.current is None:
+            return ""
+        if abs(self.fraction - self.current) < 1e-9:
+            return "keep"
+        return "raise" if self.fraction > self.current else "lower"
+
+
+@dataclass(frozen=True, slots=True)
+class KvPressure:
+    """SGLang's KV pool running short while serving, over the window (not a crash: the sign
+    that a higher fraction would pay). ``signals`` sums the records' ``signals`` (each record
+    counts those since the one before: they are told at most once a minute)."""
+
+    signals: int
+    by_source: tuple[tuple[str, int], ...]  # (retraction | metrics, signals), most first
+    last_t: float
+    last_source: str
+    last_detail: str
+    last_fraction: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ClimbStep:
+    """A climb (``kind`` "climb": ``before`` -> ``fraction``, ``gain`` in KV tokens), its
+    fall-back ("fell_back": ``before`` failed on probation of ``cause``, back to ``fraction``)
+    or its keeping ("kept": ``fraction`` served through ``probation_s``)."""
+
+    t: float
+    kind: str
+    fraction: float | None
+    before: float | None = None
+    gain: float | None = None
+    cause: str | None = None
+    probation_s: float | None = None
+
+
+CLIMB_KINDS = {"climb": "climb", "climb_fell_back": "fell_back", "climb_kept": "kept"}
+
+
+@dataclass(frozen=True, slots=True)
 class Night:
     start: float
     end: float
@@ -82,6 +150,9 @@ class Night:
     floor: float | None
     launches: tuple[Launch, ...]
     open_problems: tuple[tuple[str, Record], ...] = field(default=())
+    recommended: Advice | None = None
+    kv_pressure: KvPressure | None = None
+    climbs: tuple[ClimbStep, ...] = ()
 
     @property
     def span_s(self) -> float:
@@ -187,11 +258,15 @@ def summarize(records: Iterable[Record], *, start: float, end: float, floor: flo
             crash_markers.append(Marker(died, f"{cause} ({r.get('phase')})", _num(r.get("mem_fraction_static"))))
             if outage is None:
                 outage = ("crash", died)
-        elif kind in ("restart_requested",) or (kind == "headroom_low" and r.get("action") == "step_down"):
+        elif kind in ("restart_requested", "climb") or (kind == "headroom_low" and r.get("action") == "step_down"):
             if outage is None:
                 outage = ("restart", t)
         elif kind == "restart_scheduled":
-            remedy = str(last_crash.get("remedy")) if last_crash is not None else "restart"
+            if r.get("cause") == "climb":
+                continue  # the climb's own marker says it
+            planned = r.get("cause") is not None and (last_crash is None or r.get("cause") != last_crash.get("cause"))
+            remedy = str(r.get("cause")) if planned else (
+                str(last_crash.get("remedy")) if last_crash is not None else "restart")
             nxt = _num(r.get("mem_fraction_static"))
             label = f"{remedy}: restart at {nxt:g}" if nxt is not None else f"{remedy}: restart"
             restart_markers.append(Marker(t, label, nxt))
@@ -226,7 +301,66 @@ def summarize(records: Iterable[Record], *, start: float, end: float, floor: flo
         restart_markers=tuple(restart_markers), fraction_steps=tuple(steps),
         fraction_start=fraction_start, fraction_end=fraction, floor=floor, launches=tuple(launches),
         open_problems=open_problems(ordered, state),
+        recommended=recommendation(ordered, end=end), kv_pressure=kv_pressure(inside), climbs=climbs(inside),
     )
+
+
+# --- the memory model's word: the recommended fraction, KV pressure, climbs -----------------------
+
+
+def recommendation(records: Iterable[Record], *, end: float) -> Advice | None:
+    """The last ``recommended_fraction`` record at or before ``end``: the daemon says it when
+    it changes (and at each READY), so the last one said still holds, even from before the
+    window (its ``t`` says when). None when the daemon never said one."""
+    said = [r for r in records
+            if r.get("kind") == "recommended_fraction" and isinstance(r.get("t"), int | float) and r["t"] <= end]
+    if not said:
+        return None
+    last = sorted(said, key=lambda r: float(r["t"]))[-1]  # stable: of equal times, the one written last
+    return Advice(
+        t=float(last["t"]), fraction=_num(last.get("fraction")), current=_num(last.get("mem_fraction_static")),
+        kv_tokens_now=_int(last.get("kv_tokens_now")), kv_tokens_at=_int(last.get("kv_tokens_at")),
+        headroom_gb=_num(last.get("headroom_gb")), rank=str(last.get("rank") or ""),
+        missing=str(last.get("missing") or ""), words=str(last.get("words") or ""),
+    )
+
+
+def kv_pressure(records: Iterable[Record]) -> KvPressure | None:
+    """The ``kv_pressure`` records summed up (a record without a count counts one); None when
+    there were none."""
+    seen = sorted((r for r in records if r.get("kind") == "kv_pressure" and isinstance(r.get("t"), int | float)),
+                  key=lambda r: float(r["t"]))
+    if not seen:
+        return None
+    by_source: Counter[str] = Counter()
+    for r in seen:
+        n = _int(r.get("signals"))
+        by_source[str(r.get("source") or "unknown")] += n if n is not None and n > 0 else 1
+    last = seen[-1]
+    return KvPressure(
+        signals=sum(by_source.values()), by_source=tuple(by_source.most_common()), last_t=float(last["t"]),
+        last_source=str(last.get("source") or "unknown"), last_detail=str(last.get("detail") or ""),
+        last_fraction=_num(last.get("mem_fraction_static")),
+    )
+
+
+def climbs(records: Iterable[Record]) -> tuple[ClimbStep, ...]:
+    """Each climb, fall-back and climb kept, oldest first."""
+    out: list[ClimbStep] = []
+    for r in records:
+        kind = CLIMB_KINDS.get(str(r.get("kind")))
+        if kind is None or not isinstance(r.get("t"), int | float):
+            continue
+        t, fraction = float(r["t"]), _num(r.get("mem_fraction_static"))
+        if kind == "climb":
+            out.append(ClimbStep(t, kind, fraction, before=_num(r.get("mem_fraction_before")),
+                                 gain=_num(r.get("kv_tokens_gain"))))
+        elif kind == "fell_back":
+            out.append(ClimbStep(t, kind, fraction, before=_num(r.get("mem_fraction_failed")),
+                                 cause=str(r["cause"]) if r.get("cause") else None))
+        else:
+            out.append(ClimbStep(t, kind, fraction, probation_s=_num(r.get("probation_s"))))
+    return tuple(sorted(out, key=lambda c: c.t))
 
 
 # What resolves an open problem: a later record of one of these kinds.

@@ -17,7 +17,8 @@ from datetime import datetime, tzinfo
 from typing import Any
 
 from supervisor.core.config import Config, alert_instance, server_configs, unit_name
-from supervisor.core.night import Night, summarize
+from supervisor.core.model import Cause
+from supervisor.core.night import Advice, ClimbStep, KvPressure, Night, summarize
 from supervisor.core.site_rules import rule_toml
 from supervisor.sinks.alerts import describe
 from supervisor.sinks.gpuring import Ring, read_ring
@@ -115,6 +116,92 @@ def summary_rows(sn: ServerNight) -> list[tuple[str, str]]:
     return rows
 
 
+# --- what to change: the recommended fraction, KV pressure, climbs (issue 25) ---------------
+
+
+def _when(t: float, night: Night, tz: tzinfo) -> str:
+    """HH:MM, with the date when it is from before the night."""
+    return clock_time(t, tz) if t >= night.start else datetime.fromtimestamp(t, tz).strftime("%Y-%m-%d %H:%M")
+
+
+def _pct(share: float) -> str:
+    return f"{share * 100:+.0f} %"
+
+
+def recommended_sentence(advice: Advice, night: Night, tz: tzinfo) -> str:
+    """The memory model's last word on the fraction: what to set and its arithmetic (the
+    record's ``words``), or what it still needs before it can say."""
+    said = f" (the memory model, {_when(advice.t, night, tz)})"
+    if advice.fraction is None:
+        missing = advice.missing or advice.words.removeprefix("no recommended fraction yet: ") or "more launches"
+        return f"No recommended mem_fraction_static yet: {missing}{said}."
+    words = advice.words
+    if not words:  # a record without its words: from the figures
+        gain = f" would give {_pct(advice.gain)} KV tokens and" if advice.gain is not None else ""
+        room = f"{advice.headroom_gb:.1f} GB" if advice.headroom_gb is not None else "the headroom"
+        words = f"{advice.fraction:g}{gain} leave {room} at the observed peak on the tightest rank ({advice.rank or '?'})"
+    if advice.direction == "keep" and " leave " in words:  # "+0 % KV tokens" says nothing
+        sentence = f"keep {advice.fraction:g}: it leaves {words.split(' leave ', 1)[1]}"
+    else:
+        lead = {"raise": f"raise it to {advice.fraction:g}", "lower": f"lower it to {advice.fraction:g}",
+                "keep": f"keep {advice.fraction:g}"}.get(advice.direction, f"{advice.fraction:g}")
+        sentence = f"{lead}. {words[:1].upper()}{words[1:]}"
+    stale = ""
+    if advice.current is not None and night.fraction_end is not None and abs(advice.current - night.fraction_end) > 1e-9:
+        stale = f" It was said at {advice.current:g}; the server runs {night.fraction_end:g} now."
+    return f"Recommended mem_fraction_static: {sentence}{said}.{stale}"
+
+
+def kv_pressure_sentence(kv: KvPressure, night: Night, tz: tzinfo) -> str:
+    """How often SGLang's KV pool ran short, by source, the last time and at which fraction."""
+    plural = "s" if kv.signals != 1 else ""
+    sources = ", ".join(f"{n} {source}" for source, n in kv.by_source)
+    at = f" at {kv.last_fraction:g}" if kv.last_fraction is not None else ""
+    detail = f" ({kv.last_source}: {kv.last_detail})" if kv.last_detail else f" ({kv.last_source})"
+    return (f"KV pressure: {kv.signals} signal{plural} ({sources}), the last at {_when(kv.last_t, night, tz)}{at}"
+            f"{detail}. Not a crash: SGLang's KV cache ran short while serving (requests retracted or queued), "
+            "the sign that a higher fraction would pay.")
+
+
+def _cause(cause: str | None) -> str:
+    if cause is None:
+        return "an unknown error"
+    try:
+        return Cause.parse(cause).summary
+    except ValueError:
+        return cause
+
+
+def climb_sentence(c: ClimbStep, night: Night, tz: tzinfo) -> str:
+    """A climb, its fall-back or its keeping, in a few words."""
+    when = _when(c.t, night, tz)
+    to = "?" if c.fraction is None else f"{c.fraction:g}"
+    if c.kind == "climb":
+        frm = f" (from {c.before:g})" if c.before is not None else ""
+        gain = f": {_pct(c.gain)} KV tokens" if c.gain is not None else ""
+        return f"raised to {to} at {when}{frm}{gain}"
+    if c.kind == "fell_back":
+        failed = "?" if c.before is None else f"{c.before:g}"
+        return f"fell back to {to} at {when}: {failed} failed on probation ({_cause(c.cause)})"
+    probation = f"its {duration(c.probation_s)} probation" if c.probation_s is not None else "its probation"
+    return f"kept {to} at {when}, after {probation}"
+
+
+def fraction_lines(night: Night, tz: tzinfo) -> tuple[list[str], list[str]]:
+    """(the recommendation and the KV pressure, one sentence each; the climbs, one line
+    each): what the report says about the fraction to run at. Empty when the daemon said
+    nothing of it."""
+    said = []
+    if night.recommended is not None:
+        said.append(recommended_sentence(night.recommended, night, tz))
+    if night.kv_pressure is not None:
+        said.append(kv_pressure_sentence(night.kv_pressure, night, tz))
+    return said, [climb_sentence(c, night, tz) for c in night.climbs]
+
+
+FRACTION_HEADING = "What to change"
+
+
 @dataclass(frozen=True, slots=True)
 class Unnamed:
     """A line of SGLang's log it could not name (normalised), the crashes that ended on it,
@@ -174,6 +261,23 @@ def event_line(r: dict[str, Any]) -> str:
         return "startup facts: " + (", ".join(said) or "none read")
     if k == "gave_up":
         return f"gave up: {g('reason')}"
+    if k == "recommended_fraction":
+        if g("fraction") is None:
+            return f"recommended fraction: none yet, the memory model {g('missing') or 'needs more launches'}"
+        return f"recommended fraction: {g('words')}"
+    if k == "kv_pressure":
+        return (f"KV pressure ({g('source')}): {g('signals')} signal(s) at mem_fraction_static="
+                f"{_fraction(g('mem_fraction_static'))}; {g('detail')}")[:240]
+    if k == "climb":
+        gain = g("kv_tokens_gain")
+        more = f": {_pct(gain)} KV tokens" if isinstance(gain, int | float) else ""
+        return f"climb: {_fraction(g('mem_fraction_before'))} → {_fraction(g('mem_fraction_static'))}{more}"
+    if k == "climb_fell_back":
+        return (f"climb fell back to {_fraction(g('mem_fraction_static'))}: {_fraction(g('mem_fraction_failed'))} "
+                f"failed on probation ({g('cause')})")
+    if k == "climb_kept":
+        return (f"climb kept: {_fraction(g('mem_fraction_static'))} served through its "
+                f"{duration(float(g('probation_s') or 0))} probation")
     skip = {"t", "ts", "kind", "instance", "host", "server", "ranks", "evidence", "log_evidence"}
     rest = ", ".join(f"{key}={value}" for key, value in r.items() if key not in skip)
     return f"{k}: {rest}"[:240]
@@ -181,7 +285,8 @@ def event_line(r: dict[str, Any]) -> str:
 
 NOTABLE = frozenset({"state_changed", "launch", "crash", "restart_scheduled", "startup_facts", "recovered", "gave_up",
                      "headroom_low", "gpu_memory_stuck", "port_in_use", "daemon_started", "daemon_stopping",
-                     "daemon_failed", "fraction_learned", "restart_requested", "server_down", "preflight_failed"})
+                     "daemon_failed", "fraction_learned", "restart_requested", "server_down", "preflight_failed",
+                     "recommended_fraction", "kv_pressure", "climb", "climb_fell_back", "climb_kept"})
 
 
 def notable(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -201,6 +306,15 @@ def text(nights: Sequence[ServerNight], *, tz: tzinfo, title: str) -> str:
         lines.append("What to do now:")
         lines += [f"  - {s}" for s in sn.todo] or ["  - nothing: no open problem"]
         lines.append("")
+        said, climbed = fraction_lines(n, tz)
+        if said or climbed:
+            lines.append(f"{FRACTION_HEADING}:")
+            for sentence in said:
+                lines += textwrap.wrap(sentence, 100, initial_indent="  - ", subsequent_indent="    ")
+            if climbed:
+                lines.append("  - climbs:")
+                lines += [f"      {c}" for c in climbed]
+            lines.append("")
         width = max(len(k) for k, _ in summary_rows(sn))
         lines += [f"  {k:<{width}}  {v}" for k, v in summary_rows(sn)]
         lines.append("")

@@ -4,7 +4,9 @@ Per server, three rows sharing the time axis:
 
 - the state: a band per state (READY green, BACKOFF orange, ...);
 - ``mem_fraction_static`` as a step line over the state bands, the ladder's floor dashed, a
-  red cross for each crash labelled with its cause, a triangle for each restart with its remedy;
+  red cross for each crash labelled with its cause, a triangle for each restart with its remedy,
+  a green up-arrow for each climb (with its KV tokens gained) and an orange down-arrow for each
+  fall-back from a climb that failed on probation;
 - the free memory of each GPU rank (the least in each sample period, from the ring).
 
 Only ``matplotlib.figure.Figure`` and the Agg canvas: no pyplot, no global state, no display.
@@ -17,6 +19,7 @@ from collections.abc import Sequence
 from datetime import datetime, tzinfo
 from typing import Any
 
+from supervisor.core.night import Night
 from supervisor.report import ServerNight
 from supervisor.sinks.gpuring import Ring
 
@@ -35,6 +38,10 @@ STATE_COLOURS = {
 CRASH = "#d62728"
 RESTART = "#6a3d9a"
 FRACTION = "#08306b"
+CLIMB = "#1a9850"
+FELL_BACK = "#e66101"
+CLIMB_MARKER = r"$\Uparrow$"  # not the restart's triangle
+FELL_BACK_MARKER = r"$\Downarrow$"
 
 
 def missing() -> str | None:
@@ -78,36 +85,31 @@ def draw(fig: Any, sn: ServerNight, tz: tzinfo, *, title: str) -> None:
     ax_state.set_ylabel("state", rotation=0, ha="right", va="center")
     span = max(x1 - x0, 1e-9)
 
-    def side(x: float, dy: int) -> dict[str, Any]:
-        """A label right of its marker, or left of it in the last third (clear of the edge)."""
-        right = (x - x0) / span < 0.66
-        return {"xytext": (6 if right else -6, dy), "textcoords": "offset points", "ha": "left" if right else "right"}
-
-    # the fraction, crashes, restarts
+    # the fraction, crashes, climbs and fall-backs, restarts
     if n.fraction_steps:
         xs = [_x(t, tz) for t, _ in n.fraction_steps] + [x1]
         ys = [f for _, f in n.fraction_steps] + [n.fraction_steps[-1][1]]
         ax_frac.step(xs, ys, where="post", color=FRACTION, lw=2.2, label="mem_fraction_static")
-        for (t, f), (_, prev) in zip(n.fraction_steps[1:], n.fraction_steps[:-1], strict=False):
-            if f != prev:
-                ax_frac.annotate(f"{prev:g} → {f:g}", (_x(t, tz), f), **side(_x(t, tz), -14), fontsize=9,
-                                 color=FRACTION)
     values = [f for _, f in n.fraction_steps] + ([n.floor] if n.floor is not None else [])
+    values += [c.fraction for c in n.climbs if c.kind in ("climb", "fell_back") and c.fraction is not None]
     if n.floor is not None:
         ax_frac.axhline(n.floor, color="#636363", ls="--", lw=1, label=f"ladder floor {n.floor:g}")
+    lo, hi = (min(values), max(values)) if values else (0.8, 0.95)
+    pad = max((hi - lo) * 0.35, 0.02)
+    ax_frac.set_ylim(lo - pad, hi + pad)
+    labels = _Labels(ax_frac, x0, span, lo - pad, hi + pad)
     for m in n.crash_markers:
         y = m.fraction if m.fraction is not None else (max(values) if values else 0.9)
         ax_frac.scatter([_x(m.t, tz)], [y], marker="X", s=140, color=CRASH, zorder=5, edgecolors="white")
-        ax_frac.annotate(f"crash: {m.label}", (_x(m.t, tz), y), **side(_x(m.t, tz), 10), fontsize=9, color=CRASH,
-                         fontweight="bold")
+        labels.put(f"crash: {m.label}", _x(m.t, tz), y, 10, color=CRASH, fontweight="bold")
+    climb_markers(ax_frac, labels, n, tz, max(values) if values else 0.9)
+    for (t, f), (_, prev) in zip(n.fraction_steps[1:], n.fraction_steps[:-1], strict=False):
+        if f != prev:
+            labels.put(f"{prev:g} → {f:g}", _x(t, tz), f, -14, color=FRACTION)
     for m in n.restart_markers:
         y = m.fraction if m.fraction is not None else (min(values) if values else 0.9)
         ax_frac.scatter([_x(m.t, tz)], [y], marker="^", s=110, color=RESTART, zorder=5, edgecolors="white")
-        ax_frac.annotate(m.label, (_x(m.t, tz), y), **side(_x(m.t, tz), -26), fontsize=9, color=RESTART)
-    if values:
-        lo, hi = min(values), max(values)
-        pad = max((hi - lo) * 0.35, 0.02)
-        ax_frac.set_ylim(lo - pad, hi + pad)
+        labels.put(m.label, _x(m.t, tz), y, -26, color=RESTART)
     ax_frac.set_ylabel("mem_fraction_static")
     ax_frac.grid(axis="y", alpha=0.3)
     # one legend row above the state band: the states, then the lines (clear of the labels)
@@ -139,6 +141,64 @@ def draw(fig: Any, sn: ServerNight, tz: tzinfo, *, title: str) -> None:
     ax_gpu.xaxis.set_major_formatter(dates.ConciseDateFormatter(locator, tz=tz))
     for ax in (ax_state, ax_frac):
         ax.tick_params(labelbottom=False)
+
+
+class _Labels:
+    """The labels of the fraction's row, each right of its marker (left of it in the last
+    third, clear of the edge), moved up or down by a line while it would overlap one placed
+    before (the first placed keeps its place: crashes, then climbs, steps and restarts). The
+    boxes are estimated in axes fractions from the text's length: no renderer needed."""
+
+    AXES_PT = (670.0, 187.0)  # the fraction row of a 12 x 6.6 in figure, in points
+    CHAR_PT = 6.2  # a 9 pt DejaVu Sans character, bold or not, on average
+    LINE_PT = 12.0
+
+    def __init__(self, ax: Any, x0: float, span: float, y0: float, y1: float) -> None:
+        self.ax, self.x0, self.span, self.y0, self.dy = ax, x0, span, y0, max(y1 - y0, 1e-9)
+        self.boxes: list[tuple[float, float, float]] = []  # (left, right, baseline) in axes fractions
+
+    def put(self, text: str, x: float, y: float, dy: float, **style: Any) -> None:
+        right = (x - self.x0) / self.span < 0.66
+        xf = (x - self.x0) / self.span + (6 if right else -6) / self.AXES_PT[0]
+        width = len(text) * self.CHAR_PT / self.AXES_PT[0]
+        a, b = (xf, xf + width) if right else (xf - width, xf)
+        at = (y - self.y0) / self.dy
+        line = self.LINE_PT / self.AXES_PT[1]
+        away = 1 if dy >= 0 else -1  # first further from the line, then towards it and past it
+
+        def free(offset: float) -> bool:
+            yf = at + offset / self.AXES_PT[1]
+            inside = 0.02 <= yf <= 0.95
+            return inside and not any(a < pb and pa < b and abs(yf - py) < line for pa, pb, py in self.boxes)
+
+        tries = [dy, *(dy + k * self.LINE_PT * away for k in (1, -1, 2, -2, 3, -3, 4, -4, 5, -5, 6, -6, 7, -7))]
+        same_side = [o for o in tries if (o > 0) == (dy > 0)]  # above its marker if it was to be, else below
+        dy = next((o for o in [*same_side, *tries] if free(o)), dy)
+        self.boxes.append((a, b, at + dy / self.AXES_PT[1]))
+        self.ax.annotate(text, (x, y), xytext=(6 if right else -6, dy), textcoords="offset points",
+                         ha="left" if right else "right", fontsize=9, **style)
+
+
+def climb_markers(ax: Any, labels: _Labels, n: Night, tz: tzinfo, default_y: float) -> None:
+    """A climb at the fraction it went to (up), a fall-back at the one it fell back to (down),
+    each labelled; one legend entry each."""
+    labelled: set[str] = set()
+    for c in n.climbs:
+        if c.kind not in ("climb", "fell_back"):
+            continue
+        y = c.fraction if c.fraction is not None else default_y
+        x = _x(c.t, tz)
+        if c.kind == "climb":
+            ax.scatter([x], [y], marker=CLIMB_MARKER, s=260, color=CLIMB, zorder=6,
+                       label=None if c.kind in labelled else "climb")
+            gain = f": {c.gain * 100:+.0f} % KV tokens" if c.gain is not None else ""
+            labels.put(f"climb{gain}", x, y, 24, color=CLIMB, fontweight="bold")
+        else:
+            ax.scatter([x], [y], marker=FELL_BACK_MARKER, s=260, color=FELL_BACK, zorder=6,
+                       label=None if c.kind in labelled else "fall-back")
+            failed = f": {c.before:g} failed on probation" if c.before is not None else ""
+            labels.put(f"fell back{failed}", x, y, -40, color=FELL_BACK, fontweight="bold")
+        labelled.add(c.kind)
 
 
 def gpu_series(ring: Ring) -> list[tuple[str, list[float]]]:

@@ -9,10 +9,12 @@ from collections.abc import Sequence
 from datetime import datetime, tzinfo
 
 from supervisor.report import (
+    FRACTION_HEADING,
     UNNAMED_HELP,
     ServerNight,
     chart,
     event_line,
+    fraction_lines,
     notable,
     summary_rows,
     unnamed_crashes,
@@ -27,6 +29,7 @@ h2 { font-size: 1.2em; border-bottom: 1px solid #ddd; padding-bottom: 4px; margi
 .meta { color: #555; }
 .todo { background: #fff4e5; border-left: 4px solid #ff7f0e; padding: 8px 16px; }
 .todo.ok { background: #eef8ee; border-left-color: #2ca02c; }
+.fraction { background: #eef3fb; border-left: 4px solid #08306b; padding: 8px 16px; }
 table { border-collapse: collapse; margin: 8px 0; }
 td, th { border: 1px solid #ddd; padding: 4px 10px; text-align: left; vertical-align: top; }
 th { background: #f4f4f4; }
@@ -62,6 +65,13 @@ def render(nights: Sequence[ServerNight], *, tz: tzinfo, title: str, titles: Seq
             parts.append('<ul class="todo">' + "".join(f"<li>{_e(s)}</li>" for s in sn.todo) + "</ul>")
         else:
             parts.append('<ul class="todo ok"><li>Nothing: no open problem.</li></ul>')
+        said, climbed = fraction_lines(n, tz)
+        if said or climbed:
+            parts.append(f"<h3>{_e(FRACTION_HEADING)}</h3>")
+            items = [f"<li>{_e(s)}</li>" for s in said]
+            if climbed:
+                items.append("<li>Climbs:<ul>" + "".join(f"<li>{_e(c)}</li>" for c in climbed) + "</ul></li>")
+            parts.append('<ul class="fraction">' + "".join(items) + "</ul>")
         image = base64.b64encode(chart.png([sn], tz, [chart_title])).decode()
         parts.append(f'<img class="chart" alt="timeline of {_e(sn.name)}" src="data:image/png;base64,{image}">')
         parts.append("<h3>Summary</h3><table>")
