@@ -170,8 +170,9 @@ class Server:
         self.send(Launched(4242))
         f = self.core.learned.fraction
         assert f is not None
-        self.send(FactsUpdated(facts({"TP0": 78.4 - 80 * f, "TP1": 77.4 - 80 * f}, round(-394_591 + 580_300 * f))))
-        return self.send(ProbeResult(ok=True), after=30.0)
+        learned = self.send(FactsUpdated(facts({"TP0": 78.4 - 80 * f, "TP1": 77.4 - 80 * f},
+                                               round(-394_591 + 580_300 * f))))
+        return learned + self.send(ProbeResult(ok=True), after=30.0)
 
     def died(self, cause: Cause) -> list[Action]:
         actions = self.send(Died(ExitStatus(signal=9)))
@@ -197,7 +198,7 @@ def test_the_core_learns_each_launch_and_tells_the_recommendation() -> None:
 
     server = Server(cfg())
     first = server.launch_to_ready()
-    (told,) = emitted(first, Recommended)
+    (told,) = emitted(first, Recommended)  # once: at the facts, not again at READY
     assert told.fraction is None and "0.88 only" in told.missing
     server.died(Cause.CUDA_OOM_RUNTIME)
     server.launch_to_ready()
@@ -329,14 +330,15 @@ def test_sglang_kv_gauges_are_read_from_its_metrics_page() -> None:
     assert parse_kv_gauges(b"sglang:num_queue_reqs 3\n") is None  # no usage: nothing to judge
 
 
-def test_a_full_pool_with_a_growing_queue_is_pressure_a_full_pool_alone_is_not() -> None:
+def test_a_full_pool_with_a_queue_that_does_not_shrink_is_pressure_a_full_pool_alone_is_not() -> None:
     from supervisor.core.events import KvPressureSeen
     from supervisor.core.messages import KvSample
 
     server = Server(cfg())
     server.launch_to_ready()
     assert server.send(KvSample(0.99, 5)) == []  # the first reading: nothing to compare
-    assert server.send(KvSample(0.99, 5), after=10.0) == []  # full, but the queue does not grow
+    assert server.send(KvSample(0.99, 3), after=10.0) == []  # full, but the queue drains
+    assert server.send(KvSample(0.99, 0), after=10.0) == []  # full, nobody waits
     assert server.send(KvSample(0.50, 9), after=10.0) == []  # the queue grows, the pool has room
     (seen,) = emitted(server.send(KvSample(0.98, 12), after=10.0), KvPressureSeen)
     assert seen.source == "metrics" and "#queue-req 12" in seen.detail

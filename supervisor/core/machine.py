@@ -115,6 +115,7 @@ def _launch(core: Core, ctx: Ctx, reason: str) -> tuple[Core, list[Action]]:
         headroom_checked=False,
         facts=None,
         part_died="",
+        recommendation_told=False,
     )
     return new, [
         Launch(argv, fraction, hicache, attempt, policy.rung_of(fraction, ctx.cfg.policy.fraction_ladder)),
@@ -390,8 +391,10 @@ def _ready(core: Core, ctx: Ctx) -> tuple[Core, list[Action]]:
     out += [
         SetTimer(Timer.PROBE, ctx.cfg.health.interval_s),
         SetTimer(Timer.STABLE, ctx.cfg.policy.stable_after_s),
-        Emit(_recommended(new, ctx)),
     ]
+    if not new.recommendation_told:  # once per launch at least (the metrics after a daemon restart)
+        out.append(Emit(_recommended(new, ctx)))
+        new = replace(new, recommendation_told=True)
     if new.climb_from is not None and new.climb_at is not None:
         out.append(SetTimer(Timer.PROBATION, max(0.0, ctx.cfg.policy.probation_s - (ctx.now - new.climb_at))))
     return new, out
@@ -425,8 +428,9 @@ def _with_model(core: Core, ctx: Ctx, model: capacity.MemoryModel) -> tuple[Core
         return core, []
     new = replace(core, learned=replace(core.learned, capacity=model))
     before, after = _recommended(core, ctx), _recommended(new, ctx)
-    told = [Emit(after)] if replace(before, points=0) != replace(after, points=0) else []
-    return new, [Persist(), *told]
+    if replace(before, points=0) == replace(after, points=0):
+        return new, [Persist()]
+    return replace(new, recommendation_told=True), [Persist(), Emit(after)]
 
 
 def _learn_launch(core: Core, ctx: Ctx, facts: StartupFacts) -> tuple[Core, list[Action]]:
@@ -783,10 +787,11 @@ def _step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
             return _with_model(core, ctx, model.served(core.learned.fraction, seen))
 
         case KvSample(token_usage=usage, queue=queue) if s is State.READY:
-            # the pool nearly full while the queue grows: requests wait for KV, a crash it is not
-            grew = core.kv_queue is not None and queue > core.kv_queue
+            # the pool nearly full while requests wait and the queue does not shrink: they wait
+            # for KV (a crash it is not)
+            waiting = queue > 0 and core.kv_queue is not None and queue >= core.kv_queue
             core = replace(core, kv_queue=queue)
-            if usage < cfg.policy.kv_usage_high or not grew:
+            if usage < cfg.policy.kv_usage_high or not waiting:
                 return core, []
             return _kv_pressure(core, ctx, "metrics", f"token_usage {usage:.2f}, #queue-req {queue}")
 

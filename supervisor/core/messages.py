@@ -174,7 +174,7 @@ class GpuFree:
 @dataclass(frozen=True, slots=True)
 class KvPressure:
     """SGLang said its KV pool ran short: it retracted requests (``retraction``), or its
-    ``/metrics`` showed the pool nearly full with a queue that grew (``metrics``)."""
+    ``/metrics`` showed the pool nearly full while requests wait and the queue does not shrink (``metrics``)."""
 
     source: str
     detail: str

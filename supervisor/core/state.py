@@ -227,6 +227,7 @@ class Core:
     climb_at: float | None = None
     climb_to: float | None = None
     climb_from: float | None = None
+    recommendation_told: bool = False  # the recommendation went out since the launch
 
     @classmethod
     def initial(cls, learned: Learned) -> Core:

@@ -1,0 +1,158 @@
+"""Issue 25 on the real SGLang 0.5.23 (CPU): the memory model from the real server's own
+start-up lines, KV pressure from its own retraction line and /metrics, and one real climb
+with requests in flight, which finish (docs/capacity.md).
+
+On the CPU SGLang sizes its KV pool from host RAM (``available - pre_load x (1 - f)``, its
+``_profile_available_bytes``), so without ``--max-total-tokens`` the pool's tokens follow
+the fraction: that is the line the model fits. The tiny model's KV is 256 bytes a token (2
+layers x 2 KV heads x 16 dims x K and V x bf16), so small fractions already make pools of
+millions of tokens; the fractions here keep each pool near 1 GB of RAM.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from supervisor.core.capacity import Line
+from tests.harness import DaemonRun
+from tests.real import nights
+
+FRACTIONS = (0.05, 0.06, 0.07)
+
+
+def _config(tmp: Path, real: Any, sections: dict[str, dict[str, Any]], *, pool: str | None) -> Path:
+    """The real config with ``--max-total-tokens`` at ``pool`` (None: left out, so that the
+    pool follows the fraction)."""
+    cfg = nights.real_config(tmp, real, sections)
+    doc = nights.config_of(cfg)
+    command = list(doc["server"]["command"])
+    at = command.index("--max-total-tokens")
+    del command[at:at + 2]
+    if pool is not None:
+        command += ["--max-total-tokens", pool]
+    doc["server"]["command"] = command
+    cfg.write_text(tomli_w.dumps(doc))
+    return cfg
+
+
+def _restart(config: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "supervisor.cli", "restart", "--config", str(config), "--timeout", "240"],
+                       cwd=nights.REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_memory_model_from_the_real_servers_own_startup_lines(real_sglang, tmp_path, real_lock, no_leftovers) -> None:
+    """Three launches at three fractions (a reload with the new fraction, then a restart):
+    the model keeps one point per fraction with the KV tokens the real server reported,
+    and they lie on one line."""
+    cfg = _config(tmp_path, real_sglang, {"server": {"mem_fraction_static": FRACTIONS[0]},
+                                          "policy": {"fraction_ladder": [0.93, *reversed(FRACTIONS)]}}, pool=None)
+    reported: dict[float, int] = {}
+    with DaemonRun(cfg) as d:
+        for i, fraction in enumerate(FRACTIONS):
+            if i:
+                doc = nights.config_of(cfg)
+                doc["server"]["mem_fraction_static"] = fraction
+                cfg.write_text(tomli_w.dumps(doc))
+                d.proc.send_signal(signal.SIGHUP)
+                d.wait_for("config_reloaded", timeout=30, count=i)
+                _restart(cfg)
+            ready = d.wait_for("server_ready", timeout=240, count=i + 1)
+            assert ready["mem_fraction_static"] == fraction, ready
+            facts = d.wait_for("startup_facts", timeout=30, count=i + 1)
+            reported[fraction] = facts["kv_cache_tokens"] or facts["max_total_num_tokens"]
+        assert d.stop() == 0
+    state = json.loads((Path(nights.config_of(cfg)["state"]["dir"]) / "state.json").read_text())
+    points = {p["fraction"]: p["kv_tokens"] for p in state["learned"]["capacity"]["points"]}
+    print("real tokens(f):", json.dumps(points))
+    assert points == reported, (points, reported)
+    ends = Line.fit([(FRACTIONS[0], points[FRACTIONS[0]]), (FRACTIONS[-1], points[FRACTIONS[-1]])])
+    assert ends is not None and ends.slope > 0
+    middle = points[FRACTIONS[1]]
+    assert abs(ends.at(FRACTIONS[1]) - middle) <= 0.03 * middle, (points, ends)
+
+
+class Client:
+    """Long requests (``ignore_eos``) sent one after another by ``n`` threads until stopped;
+    each outcome with when it started and ended (monotonic)."""
+
+    def __init__(self, port: int, n: int, tokens: int) -> None:
+        self.url = f"http://127.0.0.1:{port}/generate"
+        self.body = json.dumps({"text": "the night shift runs long", "sampling_params": {
+            "max_new_tokens": tokens, "ignore_eos": True, "temperature": 0}}).encode()
+        self.done: list[tuple[float, float, str]] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(n)]
+        for t in self._threads:
+            t.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            start = time.monotonic()
+            req = urllib.request.Request(self.url, self.body, {"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=120) as r:
+                    r.read()
+                    outcome = str(r.status)
+            except urllib.error.HTTPError as e:
+                outcome = str(e.code)
+            except Exception as e:  # noqa: BLE001 - every failure counts
+                outcome = type(e).__name__
+                time.sleep(0.5)  # the server restarting: the port refuses for a moment
+            with self._lock:
+                self.done.append((start, time.monotonic(), outcome))
+
+    def stop(self) -> list[tuple[float, float, str]]:
+        self._stop.set()
+        for t in self._threads:
+            t.join(150)
+        return list(self.done)
+
+
+def test_kv_pressure_from_sglang_itself_and_one_real_climb(real_sglang, tmp_path, real_lock, no_leftovers) -> None:
+    """A 256-token pool under 8 concurrent 120-token requests: SGLang retracts requests and
+    says so, and its /metrics shows the pool full while its queue grows; both are
+    ``kv_pressure``. With ``climb`` on, the daemon climbs one step (the model has one
+    fraction yet): a drained restart; the requests in flight at the stop finish with 200."""
+    cfg = _config(tmp_path, real_sglang, {
+        "server": {"mem_fraction_static": 0.70, "extra_args": ["--enable-metrics"], "stop_grace_s": 60.0},
+        "health": {"interval_s": 0.5},
+        "policy": {"climb": True, "stable_after_s": 8.0, "kv_pressure_every_s": 0.5, "climb_window": "",
+                   "fraction_ladder": [0.93, 0.70]},
+    }, pool="256")
+    port = int(nights.config_of(cfg)["server"]["port"])
+    with DaemonRun(cfg) as d:
+        d.wait_for("server_ready", timeout=240)
+        client = Client(port, n=8, tokens=120)
+        climb = d.wait_for("climb", timeout=120)
+        stopping = d.wait_for("server_stopping", timeout=30, reason="climb")
+        ready = d.wait_for("server_ready", timeout=240, count=2)
+        time.sleep(2.0)
+        done = client.stop()
+        pressure = d.find("kv_pressure")
+        assert d.stop() == 0
+    print("kv_pressure:", json.dumps([{k: e[k] for k in ("source", "signals", "detail")} for e in pressure])[:2000])
+    print("climb:", json.dumps({k: climb[k] for k in ("mem_fraction_before", "mem_fraction_static", "words")}))
+    sources = {e["source"] for e in pressure}
+    assert "retraction" in sources, pressure
+    assert any("#retracted_reqs" in e["detail"] for e in pressure if e["source"] == "retraction"), pressure
+    assert "metrics" in sources, pressure
+    assert climb["mem_fraction_before"] == 0.70 and climb["mem_fraction_static"] == 0.71, climb
+    assert ready["mem_fraction_static"] == 0.71, ready
+    across = [r for r in done if r[0] < stopping["mono"] < r[1]]
+    assert across, "no request was in flight when the climb stopped the server"
+    failed_in_flight = [r for r in across if r[2] != "200"]
+    print(f"requests: {len(done)}, in flight across the climb's stop: {len(across)}, of them failed: {len(failed_in_flight)}")
+    assert not failed_in_flight, failed_in_flight
