@@ -78,12 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _drop(before)
     table = []
     for key, by in rows.items():
-        def median(who: str, side: str) -> float | None:
-            values = sorted(x[side]["value"] for x in by.get(who, []) if x.get(side))
-            return values[len(values) // 2] if values else None
-
-        b, a = median("before", "ours"), median("after", "ours")
-        sb, sa = median("before", "supervisord"), median("after", "supervisord")
+        b, a = _median(by, "before", "ours"), _median(by, "after", "ours")
+        sb, sa = _median(by, "before", "supervisord"), _median(by, "after", "supervisord")
         unit = by.get("after", by.get("before", [{}]))[0].get("unit", "")
         table.append({"key": key, "unit": unit, "before": b, "after": a, "ratio": a / b if a and b else None,
                       "supervisord_before": sb, "supervisord_after": sa,
@@ -97,6 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(f"{t['key']:28} {f(t['before']):>10} {f(t['after']):>10} {f(t['ratio']):>7}   {f(t['supervisord_ratio'])}")
     return 0
+
+
+def _median(by: dict[str, list[dict[str, Any]]], who: str, side: str) -> float | None:
+    values = sorted(x[side]["value"] for x in by.get(who, []) if x.get(side))
+    return values[len(values) // 2] if values else None
 
 
 def _head() -> str:

@@ -385,7 +385,7 @@ def test_until_the_model_can_say_a_climb_is_one_step_up_and_never_past_a_ceiling
 def test_the_metrics_show_the_recommendation_the_pressure_and_the_climbs() -> None:
     from prometheus_client import CollectorRegistry
 
-    from supervisor.core.events import ClimbFellBack, Climbed, KvPressureSeen, Recommended
+    from supervisor.core.events import Climbed, ClimbFellBack, KvPressureSeen, Recommended
     from supervisor.sinks.metrics import Metrics
 
     registry = CollectorRegistry()
