@@ -37,10 +37,11 @@ LINES_PER_S = 2000
 READY = "The server is fired up and ready to roll!"
 
 
-def _sections(settings: Settings, work: Path, tp: int) -> dict[str, dict[str, object]]:
+def _sections(settings: Settings, work: Path, tp: int, kv: bool = False) -> dict[str, dict[str, object]]:
     sim = simulator("--sim-load-s", "0.2", "--sim-log-rate", str(LINES_PER_S))  # TP0 logs, as in SGLang
     return daemon_sections(settings, work, sim, {
-        "server": {"tp_size": tp},
+        # kv: SGLang's /metrics read with every probe (docs/capacity.md's KV-pressure reading)
+        "server": {"tp_size": tp, "extra_args": ["--enable-metrics"] if kv else []},
         "health": {"interval_s": 5.0, "timeout_s": 30.0},
         "gpu": {"interval_s": 1.0},
         "metrics": {"enabled": True, "listen": f"127.0.0.1:{free_port()}"},
@@ -64,8 +65,8 @@ def _window(pid: int, seconds: float, captured: Path) -> tuple[float, float, flo
     return 100 * (cpu1 - cpu0) / (t1 - t0), peak_rss_bytes(pid) / 1e6, (lines1 - lines0) / (t1 - t0)
 
 
-def _ours(settings: Settings, work: Path, tp: int, seconds: float) -> tuple[float, float, float]:
-    daemon = Daemon(settings, work, _sections(settings, work, tp))
+def _ours(settings: Settings, work: Path, tp: int, seconds: float, kv: bool = False) -> tuple[float, float, float]:
+    daemon = Daemon(settings, work, _sections(settings, work, tp, kv))
     try:
         daemon.wait_for(event_is("state_changed", to="READY"), 120, "the server ready")
         return _window(daemon.pid, seconds, daemon.server_log)
@@ -88,12 +89,13 @@ def _supervisord(settings: Settings, exe: Path, work: Path, tp: int, seconds: fl
 
 def run(settings: Settings, exe: Path) -> Section:
     tp, seconds = (2, 3.0) if settings.quick else (8, 30.0)
-    got: dict[str, list[tuple[float, float, float]]] = {"ours": [], "supervisord": []}
+    got: dict[str, list[tuple[float, float, float]]] = {"ours": [], "supervisord": [], "ours_kv": []}
     for r in range(settings.repeats):
-        for who in interleaved(r):
+        first, second = interleaved(r)
+        for who in (first, "ours_kv", second):  # the KV-reading run between the other two
             work = settings.dir(f"steady-{who}-{r}")
-            got[who].append(_ours(settings, work, tp, seconds) if who == "ours"
-                            else _supervisord(settings, exe, work, tp, seconds))
+            got[who].append(_supervisord(settings, exe, work, tp, seconds) if who == "supervisord"
+                            else _ours(settings, work, tp, seconds, kv=who == "ours_kv"))
     cpu = {k: Stat.of([c for c, _, _ in v]) for k, v in got.items()}
     rss = {k: Stat.of([m for _, m, _ in v]) for k, v in got.items()}
     rate = {k: Stat.of([r for _, _, r in v]).value for k, v in got.items()}
@@ -107,5 +109,11 @@ def run(settings: Settings, exe: Path) -> Section:
             cpu["ours"].value <= 0.5, note=scene),
         Row("steady_rss", "steady peak RSS", "MB", rss["ours"], rss["supervisord"], "≤ 50 MB",
             rss["ours"].value <= 50),
+        # issue 25: reading SGLang's /metrics with each probe must not move the steady CPU beyond
+        # the spread of the plain runs
+        Row("steady_cpu_kv", "steady CPU with KV-pressure reading on (--enable-metrics), % of one core", "%",
+            cpu["ours_kv"], None, "within the plain runs' spread",
+            cpu["ours_kv"].value <= cpu["ours"].high + (cpu["ours"].high - cpu["ours"].low),
+            note=f"plain: {cpu['ours'].value:.3f} % ({cpu['ours'].low:.3f}-{cpu['ours'].high:.3f})"),
     ]
     return section

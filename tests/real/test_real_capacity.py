@@ -84,8 +84,8 @@ def test_the_memory_model_from_the_real_servers_own_startup_lines(real_sglang, t
 
 
 class Client:
-    """Long requests (``ignore_eos``) sent one after another by ``n`` threads until stopped;
-    each outcome with when it started and ended (monotonic)."""
+    """Long requests (``ignore_eos``) sent one after another by ``n`` threads until told to
+    send no more (``quiet``); each outcome with when it started and ended (monotonic)."""
 
     def __init__(self, port: int, n: int, tokens: int) -> None:
         self.url = f"http://127.0.0.1:{port}/generate"
@@ -114,6 +114,10 @@ class Client:
             with self._lock:
                 self.done.append((start, time.monotonic(), outcome))
 
+    def quiet(self) -> None:
+        """No new requests; those in flight run on."""
+        self._stop.set()
+
     def stop(self) -> list[tuple[float, float, str]]:
         self._stop.set()
         for t in self._threads:
@@ -125,7 +129,8 @@ def test_kv_pressure_from_sglang_itself_and_one_real_climb(real_sglang, tmp_path
     """A 256-token pool under 8 concurrent 120-token requests: SGLang retracts requests and
     says so, and its /metrics shows the pool full while its queue grows; both are
     ``kv_pressure``. With ``climb`` on, the daemon climbs one step (the model has one
-    fraction yet): a drained restart; the requests in flight at the stop finish with 200."""
+    fraction yet): a drained restart; the requests in flight at the stop finish with 200
+    (the load then stops sending: a server alone climbs in its quiet window)."""
     cfg = _config(tmp_path, real_sglang, {
         "server": {"mem_fraction_static": 0.70, "extra_args": ["--enable-metrics"], "stop_grace_s": 60.0},
         "health": {"interval_s": 0.5},
@@ -137,6 +142,10 @@ def test_kv_pressure_from_sglang_itself_and_one_real_climb(real_sglang, tmp_path
         d.wait_for("server_ready", timeout=240)
         client = Client(port, n=8, tokens=120)
         climb = d.wait_for("climb", timeout=120)
+        # A server alone is climbed in its quiet window: SGLang 0.5.23 keeps accepting new
+        # requests while it drains (only /health answers 503), so a drain under endless new
+        # load would end at stop_grace_s. The load stops; what is in flight must finish.
+        client.quiet()
         stopping = d.wait_for("server_stopping", timeout=30, reason="climb")
         ready = d.wait_for("server_ready", timeout=240, count=2)
         time.sleep(2.0)
