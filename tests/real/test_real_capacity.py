@@ -126,7 +126,8 @@ class Client:
 
 
 def test_kv_pressure_from_sglang_itself_and_one_real_climb(real_sglang, tmp_path, real_lock, no_leftovers) -> None:
-    """A 256-token pool under 8 concurrent 120-token requests: SGLang retracts requests and
+    """A 256-token pool under 8 concurrent 160-token requests: SGLang admits two (it counts on
+    0.7 of their new tokens), their decode outgrows the pool, it retracts one and
     says so, and its /metrics shows the pool full while its queue grows; both are
     ``kv_pressure``. With ``climb`` on, the daemon climbs one step (the model has one
     fraction yet): a drained restart; the requests in flight at the stop finish with 200
@@ -134,13 +135,13 @@ def test_kv_pressure_from_sglang_itself_and_one_real_climb(real_sglang, tmp_path
     cfg = _config(tmp_path, real_sglang, {
         "server": {"mem_fraction_static": 0.70, "extra_args": ["--enable-metrics"], "stop_grace_s": 60.0},
         "health": {"interval_s": 0.5},
-        "policy": {"climb": True, "stable_after_s": 8.0, "kv_pressure_every_s": 0.5, "climb_window": "",
+        "policy": {"climb": True, "stable_after_s": 20.0, "kv_pressure_every_s": 0.5, "climb_window": "",
                    "fraction_ladder": [0.93, 0.70]},
     }, pool="256")
     port = int(nights.config_of(cfg)["server"]["port"])
     with DaemonRun(cfg) as d:
         d.wait_for("server_ready", timeout=240)
-        client = Client(port, n=8, tokens=120)
+        client = Client(port, n=8, tokens=160)
         climb = d.wait_for("climb", timeout=120)
         # A server alone is climbed in its quiet window: SGLang 0.5.23 keeps accepting new
         # requests while it drains (only /health answers 503), so a drain under endless new
