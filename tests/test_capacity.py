@@ -405,3 +405,23 @@ def test_the_metrics_show_the_recommendation_the_pressure_and_the_climbs() -> No
     metrics.emit(ClimbFellBack(mem_fraction_failed=0.91, mem_fraction_static=0.88, cause=Cause.CUDA_OOM_RUNTIME))
     assert value("sglang_supervisor_climbs_total", {"outcome": "climbed"}) == 1
     assert value("sglang_supervisor_climbs_total", {"outcome": "fell_back"}) == 1
+
+
+def test_the_least_free_memory_of_each_gpu_goes_to_the_core_when_it_falls_by_a_step() -> None:
+    from types import SimpleNamespace
+
+    from supervisor.core.events import GpuSample
+    from supervisor.core.messages import GpuFree
+    from supervisor.unit.life import GIB, ServerLife
+
+    life = SimpleNamespace(nonce="launch-1", _least_free=(), _least_free_of=None)
+
+    def sample(*free_gb: float) -> GpuSample:
+        return GpuSample(gpus=tuple({"index": i, "free_bytes": int(f * GIB)} for i, f in enumerate(free_gb)))
+
+    least = ServerLife.least_free
+    assert least(life, sample(10.0, 9.0)) == GpuFree((10.0, 9.0))  # type: ignore[arg-type]
+    assert least(life, sample(10.0, 8.99)) is None  # type: ignore[arg-type]  # less than a step lower
+    assert least(life, sample(11.0, 8.5)) == GpuFree((10.0, 8.5))  # type: ignore[arg-type]  # least, per GPU
+    life.nonce = "launch-2"  # a new launch starts afresh
+    assert least(life, sample(12.0, 12.0)) == GpuFree((12.0, 12.0))  # type: ignore[arg-type]

@@ -29,7 +29,6 @@ from supervisor.adapters.ports import GpuProbe, Monitor, Ports, Prober, ServerHa
 from supervisor.aio import settled, within
 from supervisor.core import events as ev
 from supervisor.core import machine
-from supervisor.core.capacity import PEAK_STEP_GB
 from supervisor.core.config import Config, alert_instance, unit_name, worker_url
 from supervisor.core.messages import (
     Action,
@@ -44,7 +43,6 @@ from supervisor.core.messages import (
     Exit,
     FleetShare,
     FleetShared,
-    GpuFree,
     GpuLost,
     GroupReport,
     Launch,
@@ -69,9 +67,6 @@ from supervisor.unit.statefile import StateFile
 if TYPE_CHECKING:
     from supervisor.services.fleet_sync import FleetSync
     from supervisor.services.grouping import GroupSync
-
-
-GIB = 1024**3
 
 
 def wall_now() -> str:
@@ -137,8 +132,6 @@ class ServerUnit:
         self._router_removal: asyncio.Task[Any] | None = None
         self._group: GroupSync | None = None  # [group]: this node's part of the group
         self._fleet: FleetSync | None = None  # [fleet]: the record this server's fleet shares
-        self._least_free: tuple[float, ...] = ()  # GB per GPU since the launch (``_gpu_said``)
-        self._least_free_launch: str | None = None
 
     @property
     def server(self) -> ServerHandle | None:
@@ -231,20 +224,14 @@ class ServerUnit:
         return None
 
     def _gpu_said(self, event: ev.Event) -> None:
-        """The GPU monitor's news, out to the sinks; while serving, each GPU's least free
-        memory since the launch goes to the core when it fell lower (by ``PEAK_STEP_GB``)."""
+        """The GPU monitor's news, out to the sinks; while serving, a new least free memory
+        per GPU goes to the core (``ServerLife.least_free``)."""
         self.emit(event)
         core = self.core
-        if not isinstance(event, ev.GpuSample) or core is None or core.state is not State.READY:
-            return
-        launch = self.life.nonce
-        if launch != self._least_free_launch:
-            self._least_free_launch, self._least_free = launch, ()
-        free = tuple(int(g["free_bytes"]) / GIB for g in event.gpus)
-        least = free if len(self._least_free) != len(free) else tuple(map(min, free, self._least_free))
-        if not self._least_free or any(new < old - PEAK_STEP_GB for new, old in zip(least, self._least_free, strict=True)):
-            self._least_free = least
-            self.post(GpuFree(tuple(round(x, 3) for x in least)))
+        if isinstance(event, ev.GpuSample) and core is not None and core.state is State.READY:
+            free = self.life.least_free(event)
+            if free is not None:
+                self.post(free)
 
     def _answer(self, work: Awaitable[Any], name: str) -> None:
         """Run ``work`` in a task and post what it returns: an event, a list of them, or

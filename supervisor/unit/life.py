@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from supervisor.adapters.ports import KvReader, Ports, Prober, ProcessError, ServerHandle
 from supervisor.aio import settled, within
 from supervisor.core import events as ev
-from supervisor.core.capacity import RETRACTION_WORDS
+from supervisor.core.capacity import PEAK_STEP_GB, RETRACTION_WORDS
 from supervisor.core.config import Config, http_url
 from supervisor.core.diagnosis import diagnose
 from supervisor.core.messages import (
@@ -32,6 +32,7 @@ from supervisor.core.messages import (
     Died,
     Event,
     FactsUpdated,
+    GpuFree,
     KvPressure,
     KvSample,
     Launch,
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
 KERNEL_LOG_TAIL = 256 * 1024
+GIB = 1024**3
 SPOTTED = tuple(words.encode() for _, words in RETRACTION_WORDS)  # read while serving
 SPOT_EVERY_S = 1.0  # a retraction told at most once a second (SGLang may retract every step)
 NOTHING_RAN = ExitStatus(code=None)
@@ -86,6 +88,8 @@ class ServerLife:
         self._probes: set[asyncio.Task[Any]] = set()
         self._kv: KvReader | None = None
         self._spotted_at = -math.inf
+        self._least_free: tuple[float, ...] = ()  # GB per GPU since this launch (``least_free``)
+        self._least_free_of: str | None = None  # the launch they are of
 
     def reload(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -144,6 +148,19 @@ class ServerLife:
         if now - self._spotted_at >= SPOT_EVERY_S:
             self._spotted_at = now
             self._post(KvPressure("retraction", line[-300:]))
+
+    def least_free(self, sample: ev.GpuSample) -> GpuFree | None:
+        """Each GPU's least free memory since this launch, when one of them fell lower (by
+        ``PEAK_STEP_GB``): the peak the forward passes reached, as NVML sees it."""
+        if self.nonce != self._least_free_of:
+            self._least_free_of, self._least_free = self.nonce, ()
+        free = tuple(int(g["free_bytes"]) / GIB for g in sample.gpus)
+        old = self._least_free
+        least = free if len(old) != len(free) else tuple(map(min, free, old))
+        if old and not any(new < was - PEAK_STEP_GB for new, was in zip(least, old, strict=True)):
+            return None
+        self._least_free = least
+        return GpuFree(tuple(round(x, 3) for x in least))
 
     def mark_ready(self) -> None:
         """The server is READY: what its log holds now did not kill it while serving."""
