@@ -55,6 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: dict[str, dict[str, list[dict[str, Any]]]] = {}
     exe = ensure_venv() if NEEDS_SUPERVISORD & set(args.only) else None
     old_path = os.environ.get("PYTHONPATH")
+    os.environ["BENCH_STEADY_KV"] = "0"  # the other tree's simulator may not serve /metrics
     try:
         for r in range(args.repeats):
             order = ("before", "after") if r % 2 == 0 else ("after", "before")
