@@ -311,9 +311,11 @@ def test_retraction_lines_are_spotted_in_reads_without_splitting_lines() -> None
     data = (b"[2026-12-02 03:00:01 TP0] Decode batch, #running-req: 40, token usage: 0.99\n"
             b"[2026-12-02 03:00:01 TP0] KV cache pool is full. Retract requests. #retracted_reqs: 3, "
             b"#new_tokens_gained: 2048, #new_token_ratio: 0.7000 -> 1.0000\r\n"
-            b"[2026-12-02 03:00:02 TP1] Decode out of memory happened. #retracted_reqs: 1, #new_token_ratio: 0.5 -> 1.0")
+            b"[2026-12-02 03:00:02 TP1] Decode out of memory happened. #retracted_reqs: 1, #new_token_ratio: 0.5 -> 1.0\n"
+            b"[2026-12-02 03:00:03 TP0] retract_decode: aborted last request 5f3c due to OOM\n")
     ServerProcess._spot(SimpleNamespace(spotted=SPOTTED), data, seen.append)  # type: ignore[arg-type]
-    assert [line.split("] ")[1][:20] for line in seen] == ["KV cache pool is ful", "Decode out of memory"]
+    assert [line.split("] ")[1][:20] for line in seen] == [
+        "KV cache pool is ful", "Decode out of memory", "retract_decode: abor"]
     assert seen[0].endswith("1.0000") and "#retracted_reqs: 3" in seen[0]
 
 

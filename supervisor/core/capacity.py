@@ -33,13 +33,17 @@ STALE_AVAIL_GB = 1.0  # or whose headroom it mispredicts by more (an upgrade the
 PEAK_STEP_GB = 0.05  # a new least-free reading counts when it is this much lower
 POINTS_KEPT = 8  # the most recent fractions kept per model
 
-# What SGLang prints when decode ran out of KV tokens and it retracted running requests:
-# 0.5.23's words (srt/managers/scheduler.py, logger.warning "KV cache pool is full. Retract
-# requests. #retracted_reqs: N, ...") and the older releases' ("Decode out of memory
-# happened. #retracted_reqs: N, ..."). (origin, words): the source contract checks "sglang".
-RETRACTION_WORDS = (
-    ("sglang", "KV cache pool is full. Retract requests."),
-    ("sglang-legacy", "Decode out of memory happened"),
+# What SGLang prints when its KV pool runs short while serving, as (origin, words, source):
+# 0.5.23's retraction (srt/managers/scheduler.py, logger.warning "KV cache pool is full.
+# Retract requests. #retracted_reqs: N, ..."), the older releases' ("Decode out of memory
+# happened. #retracted_reqs: N, ..."), and 0.5.23's refusal of a request that cannot fit even
+# alone (srt/managers/schedule_batch.py, "retract_decode: aborted last request RID due to
+# OOM"; the client gets "Out of memory even after retracting all other requests"). The source
+# contract checks the "sglang" ones.
+KV_PRESSURE_WORDS = (
+    ("sglang", "KV cache pool is full. Retract requests.", "retraction"),
+    ("sglang-legacy", "Decode out of memory happened", "retraction"),
+    ("sglang", "retract_decode: aborted last request", "refused"),
 )
 METRICS_FLAG = "--enable-metrics"  # SGLang serves its /metrics (sglang:token_usage, ...) with it
 

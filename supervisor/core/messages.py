@@ -173,8 +173,9 @@ class GpuFree:
 
 @dataclass(frozen=True, slots=True)
 class KvPressure:
-    """SGLang said its KV pool ran short: it retracted requests (``retraction``), or its
-    ``/metrics`` showed the pool nearly full while requests wait and the queue does not shrink (``metrics``)."""
+    """SGLang said its KV pool ran short: it retracted requests (``retraction``), refused one
+    that cannot fit even alone (``refused``), or its ``/metrics`` showed the pool nearly full
+    while requests wait and the queue does not shrink (``metrics``)."""
 
     source: str
     detail: str

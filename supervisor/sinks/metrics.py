@@ -86,7 +86,7 @@ from supervisor.core.events import (
 )
 from supervisor.core.model import Cause, State
 
-KV_PRESSURE_SOURCES = ("retraction", "metrics")  # core.messages.KvPressure's sources
+KV_PRESSURE_SOURCES = ("retraction", "refused", "metrics")  # core.messages.KvPressure's sources
 CLIMB_OUTCOMES = ("climbed", "fell_back", "kept")
 PREFIX = "sglang_supervisor"
 GIB = 1024**3  # SGLang prints GPU memory ("avail mem=0.82 GB") in GiB (x / (1 << 30))

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from supervisor.adapters.ports import KvReader, Ports, Prober, ProcessError, ServerHandle
 from supervisor.aio import settled, within
 from supervisor.core import events as ev
-from supervisor.core.capacity import PEAK_STEP_GB, RETRACTION_WORDS
+from supervisor.core.capacity import KV_PRESSURE_WORDS, PEAK_STEP_GB
 from supervisor.core.config import Config, http_url
 from supervisor.core.diagnosis import diagnose
 from supervisor.core.messages import (
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 KERNEL_LOG_TAIL = 256 * 1024
 GIB = 1024**3
-SPOTTED = tuple(words.encode() for _, words in RETRACTION_WORDS)  # read while serving
+SPOTTED = tuple(words.encode() for _, words, _ in KV_PRESSURE_WORDS)  # read while serving
 SPOT_EVERY_S = 1.0  # a retraction told at most once a second (SGLang may retract every step)
 NOTHING_RAN = ExitStatus(code=None)
 
@@ -147,7 +147,8 @@ class ServerLife:
         now = time.monotonic()
         if now - self._spotted_at >= SPOT_EVERY_S:
             self._spotted_at = now
-            self._post(KvPressure("retraction", line[-300:]))
+            source = next((src for _, words, src in KV_PRESSURE_WORDS if words in line), "retraction")
+            self._post(KvPressure(source, line[-300:]))
 
     def least_free(self, sample: ev.GpuSample) -> GpuFree | None:
         """Each GPU's least free memory since this launch, when one of them fell lower (by

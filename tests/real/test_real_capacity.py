@@ -126,9 +126,10 @@ class Client:
 
 
 def test_kv_pressure_from_sglang_itself_and_one_real_climb(real_sglang, tmp_path, real_lock, no_leftovers) -> None:
-    """A 256-token pool under 8 concurrent 160-token requests: SGLang admits two (it counts on
-    0.7 of their new tokens), their decode outgrows the pool, it retracts one and
-    says so, and its /metrics shows the pool full while its queue grows; both are
+    """A 256-token pool under 8 concurrent requests for 126 new tokens: SGLang 0.5.23 admits a
+    second one while the first runs (a new request needs its prompt and all its new tokens, a
+    running one only 0.7 of those it has left), their decode outgrows the pool (2 x 133 > 256),
+    it retracts one and says so, and its /metrics shows the pool full while its queue grows; both are
     ``kv_pressure``. With ``climb`` on, the daemon climbs one step (the model has one
     fraction yet): a drained restart; the requests in flight at the stop finish with 200
     (the load then stops sending: a server alone climbs in its quiet window)."""
@@ -141,7 +142,7 @@ def test_kv_pressure_from_sglang_itself_and_one_real_climb(real_sglang, tmp_path
     port = int(nights.config_of(cfg)["server"]["port"])
     with DaemonRun(cfg) as d:
         d.wait_for("server_ready", timeout=240)
-        client = Client(port, n=8, tokens=160)
+        client = Client(port, n=8, tokens=126)
         climb = d.wait_for("climb", timeout=120)
         # A server alone is climbed in its quiet window: SGLang 0.5.23 keeps accepting new
         # requests while it drains (only /health answers 503), so a drain under endless new

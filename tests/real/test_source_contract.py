@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.adapters.health import QUEUE_REQS, TOKEN_USAGE
-from supervisor.core.capacity import RETRACTION_WORDS
+from supervisor.core.capacity import KV_PRESSURE_WORDS
 from supervisor.core.diagnosis import RULES
 from supervisor.core.startup_facts import SOURCE_PATTERNS
 
@@ -92,9 +92,9 @@ def test_startup_facts_sglang_line_is_in_sglang_source(marker: str, literals: tu
     assert not missing, f"{marker}: {missing} not in SGLang {_version()}'s source"
 
 
-@pytest.mark.parametrize("words", [w for origin, w in RETRACTION_WORDS if origin == "sglang"])
+@pytest.mark.parametrize("words", [w for origin, w, _ in KV_PRESSURE_WORDS if origin == "sglang"])
 def test_kv_pressure_words_are_in_sglang_source(words: str) -> None:
-    """The retraction line read while serving (core.capacity.RETRACTION_WORDS) is SGLang's,
+    """The KV-pressure lines read while serving (core.capacity.KV_PRESSURE_WORDS) are SGLang's,
     and so are the two gauges read from its /metrics."""
     text, _ = _source()
     assert words in text, f"{words!r} not in SGLang {_version()}'s source"
@@ -106,6 +106,6 @@ def test_legacy_kv_pressure_words_are_not_claimed_as_current() -> None:
     """Words marked sglang-legacy are older releases': if the installed one prints them
     again, they are current and belong to the checked set."""
     text, _ = _source()
-    for origin, words in RETRACTION_WORDS:
+    for origin, words, _ in KV_PRESSURE_WORDS:
         if origin == "sglang-legacy":
             assert words not in text, f"{words!r} is in SGLang {_version()}: mark it 'sglang'"
