@@ -258,13 +258,16 @@ def _after_failure(
     fell_back: list[Action] = []
     if cause is Cause.CLIMB and core.climb_to is not None and not decision.give_up:
         # the climb: relaunched at once at the higher fraction, on probation from the last stable one
-        decision = replace(decision, fraction=core.climb_to)
+        decision = replace(decision, fraction=core.climb_to,
+                           reason=f"{cause.summary}: mem_fraction_static {before:g} -> {core.climb_to:g}")
         core = replace(core, climb_to=None, climb_from=before)
     elif (core.climb_from is not None and core.climb_at is not None and diagnosis.remedy is Remedy.FRACTION_DOWN
           and ctx.now - core.climb_at <= cfg.policy.probation_s and not decision.give_up):
         # the higher fraction failed on probation: back to the last stable one at once; the
         # failed one is a ceiling from now on (oom_fractions, shared with the fleet)
-        decision = replace(decision, fraction=core.climb_from, delay_s=0.0)
+        decision = replace(decision, fraction=core.climb_from, delay_s=0.0,
+                           reason=f"{cause.summary} on probation: mem_fraction_static {before:g} -> "
+                                  f"{core.climb_from:g} (the last stable one)")
         fell_back = [Emit(ev.ClimbFellBack(mem_fraction_failed=before, mem_fraction_static=core.climb_from,
                                            cause=cause))]
         core = replace(core, climb_from=None)

@@ -105,6 +105,9 @@ INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO x schedule_conservativ
 MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
 NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
 RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
+# A non-streaming request's output goes to the tokenizer every 50 tokens while it decodes
+# (output_streamer.py, SGLANG_FORCE_STREAM_INTERVAL): what /health counts as a sign of life.
+FORCE_STREAM_INTERVAL = 50
 
 # 0.5.23's crash diagnostics (TokenizerManager.dump_requests_before_crash). The 5 s sleep is a
 # literal ``time.sleep(5)`` in SGLang; the simulator reads it from this env var so fast tests
@@ -1216,6 +1219,8 @@ class Scheduler:
             req.generated += 1
         self.generated_since_log += len(batch)
         self.finish([r for r in batch if r.generated >= r.max_new])
+        if any(r.generated % FORCE_STREAM_INTERVAL == 0 for r in self.running):
+            self.send({"op": "progress"})  # an output that is not the end: /health sees it too
         self.stream_output()
         self.decode_steps += 1
         if self.decode_steps % DECODE_LOG_INTERVAL == 0:
@@ -1722,7 +1727,7 @@ class Frontend:
         self.rids = itertools.count(1)
         self.writers: dict[int, asyncio.StreamWriter] = {}  # scheduler pid -> writer
         self.events: asyncio.Queue[tuple[str, Child, dict[str, Any]]] = asyncio.Queue()
-        self.progress = asyncio.Event()  # pulsed whenever a scheduler finishes a request
+        self.progress = asyncio.Event()  # pulsed at each output of a scheduler: an end, or 50 more tokens
         self.leaders = [c for c in launcher.schedulers if c.rank and c.rank.leader]
         self.next_leader = itertools.cycle(range(len(self.leaders)))
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -1757,7 +1762,7 @@ class Frontend:
                     seen.update(msg.get("gauges", {}))
                 elif (fut := self.pending.get(msg.get("rid", -1))) and not fut.done():
                     fut.set_result(msg)
-                if msg["op"] == "done":
+                if msg["op"] in ("done", "progress"):
                     self.progress.set()
                     self.progress = asyncio.Event()
         await self.events.put(("eof", child, {}))
