@@ -312,11 +312,25 @@ def test_retraction_lines_are_spotted_in_reads_without_splitting_lines() -> None
             b"[2026-12-02 03:00:01 TP0] KV cache pool is full. Retract requests. #retracted_reqs: 3, "
             b"#new_tokens_gained: 2048, #new_token_ratio: 0.7000 -> 1.0000\r\n"
             b"[2026-12-02 03:00:02 TP1] Decode out of memory happened. #retracted_reqs: 1, #new_token_ratio: 0.5 -> 1.0\n"
-            b"[2026-12-02 03:00:03 TP0] retract_decode: aborted last request 5f3c due to OOM\n")
+            b"[2026-12-02 03:00:03 TP0] retract_decode: aborted last request 5f3c due to OOM\n"
+            b"[2026-12-02 03:00:04 TP0] Testing retraction. #retracted_reqs: 0, #new_tokens_gained: 0\n")
     ServerProcess._spot(SimpleNamespace(spotted=SPOTTED), data, seen.append)  # type: ignore[arg-type]
     assert [line.split("] ")[1][:20] for line in seen] == [
-        "KV cache pool is ful", "Decode out of memory", "retract_decode: abor"]
+        "KV cache pool is ful", "Decode out of memory", "Testing retraction. ", "retract_decode: abor"]
     assert seen[0].endswith("1.0000") and "#retracted_reqs: 3" in seen[0]
+
+
+def test_a_retraction_that_retracted_nothing_is_no_pressure_and_the_source_is_named() -> None:
+    from types import SimpleNamespace
+
+    from supervisor.unit.life import ServerLife
+
+    posted: list[Any] = []
+    life = SimpleNamespace(_spotted_at=-1e9, _post=posted.append)
+    ServerLife._on_spotted(life, "[TP0] Testing retraction. #retracted_reqs: 0, #new_tokens_gained: 0")  # type: ignore[arg-type]
+    assert posted == []
+    ServerLife._on_spotted(life, "[TP0] retract_decode: aborted last request 5f due to OOM")  # type: ignore[arg-type]
+    assert [p.source for p in posted] == ["refused"]
 
 
 def test_sglang_kv_gauges_are_read_from_its_metrics_page() -> None:

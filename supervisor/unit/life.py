@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from supervisor.adapters.ports import KvReader, Ports, Prober, ProcessError, ServerHandle
 from supervisor.aio import settled, within
 from supervisor.core import events as ev
-from supervisor.core.capacity import KV_PRESSURE_WORDS, PEAK_STEP_GB
+from supervisor.core.capacity import KV_PRESSURE_WORDS, NOTHING_RETRACTED, PEAK_STEP_GB
 from supervisor.core.config import Config, http_url
 from supervisor.core.diagnosis import diagnose
 from supervisor.core.messages import (
@@ -144,6 +144,8 @@ class ServerLife:
             self.server.on_line = None  # start-up is over: stop parsing lines
 
     def _on_spotted(self, line: str) -> None:
+        if NOTHING_RETRACTED in line:
+            return
         now = time.monotonic()
         if now - self._spotted_at >= SPOT_EVERY_S:
             self._spotted_at = now

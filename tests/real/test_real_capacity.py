@@ -31,10 +31,11 @@ from tests.real import nights
 FRACTIONS = (0.05, 0.06, 0.07)
 
 
-def _config(tmp: Path, real: Any, sections: dict[str, dict[str, Any]], *, pool: str | None) -> Path:
+def _config(tmp: Path, real: Any, sections: dict[str, dict[str, Any]], *, pool: str | None,
+            env: dict[str, str] | None = None) -> Path:
     """The real config with ``--max-total-tokens`` at ``pool`` (None: left out, so that the
     pool follows the fraction)."""
-    cfg = nights.real_config(tmp, real, sections)
+    cfg = nights.real_config(tmp, real, sections, env=env)
     doc = nights.config_of(cfg)
     command = list(doc["server"]["command"])
     at = command.index("--max-total-tokens")
@@ -127,24 +128,27 @@ class Client:
 
 
 def test_kv_pressure_from_sglang_itself_and_one_real_climb(real_sglang, tmp_path, real_lock, no_leftovers) -> None:
-    """A 256-token pool under 8 concurrent requests for 120 new tokens: SGLang's /metrics shows
-    the pool full (the running request and the radix cache's tokens) while 6 or 7 wait, which
-    is ``kv_pressure``. With ``climb`` on, the daemon climbs one step (the model has one
-    fraction yet): a drained restart; the requests in flight at the stop finish with 200 (the
-    load then stops sending: a server alone climbs in its quiet window).
+    """KV pressure from the real server's own retraction: a 256-token pool under 8 concurrent
+    requests for 120 new tokens, two decoding at once, and SGLang's own switch
+    ``SGLANG_TEST_RETRACT`` so that its ``retract_decode`` runs every third decode step and
+    logs ``Testing retraction. #retracted_reqs: 1, ...``. On this CPU the real 0.5.23 never
+    had to retract by itself (its admission let at most two requests run, and they fit), so
+    the switch drives the same code and the same details line as a full pool does (0.5.23
+    prefixes them with "KV cache pool is full. Retract requests."; the source contract holds
+    both). Its ``/metrics`` is read with every probe (``--enable-metrics``); a full pool
+    there is pressure too, printed when seen (the token-usage gauge is set at each logged
+    batch, and on this load it reads 0.96 only now and then).
 
-    The retraction line is not asserted here: on this CPU the real 0.5.23 never let decode
-    outgrow the pool (it ran one request at a time in every load tried: shared or distinct
-    prompts, 120 to 160 new tokens against 256 tokens), so it never had to retract. Its words
-    are held to SGLang's source (test_source_contract.py) and the simulator prints them under
-    0.5.23's admission rule (tests/test_simulator_capacity.py); seen here, they are printed.
+    With ``climb`` on, the daemon climbs one step (the model knows one fraction): a drained
+    restart; the requests in flight at the stop finish with 200 (the load then stops
+    sending: a server alone climbs in its quiet window).
     """
     cfg = _config(tmp_path, real_sglang, {
         "server": {"mem_fraction_static": 0.70, "extra_args": ["--enable-metrics"], "stop_grace_s": 60.0},
         "health": {"interval_s": 0.5},
         "policy": {"climb": True, "stable_after_s": 12.0, "kv_pressure_every_s": 0.5, "climb_window": "",
                    "fraction_ladder": [0.93, 0.70]},
-    }, pool="256")
+    }, pool="256", env={"SGLANG_TEST_RETRACT": "1"})
     port = int(nights.config_of(cfg)["server"]["port"])
     with DaemonRun(cfg) as d:
         d.wait_for("server_ready", timeout=240)
@@ -163,9 +167,11 @@ def test_kv_pressure_from_sglang_itself_and_one_real_climb(real_sglang, tmp_path
         assert d.stop() == 0
     print("kv_pressure:", json.dumps([{k: e[k] for k in ("source", "signals", "detail")} for e in pressure])[:2000])
     print("climb:", json.dumps({k: climb[k] for k in ("mem_fraction_before", "mem_fraction_static", "words")}))
-    sources = {e["source"] for e in pressure}
-    assert "metrics" in sources, pressure
-    assert all("#retracted_reqs" in e["detail"] for e in pressure if e["source"] == "retraction"), pressure
+    retractions = [e for e in pressure if e["source"] == "retraction"]
+    assert retractions and all("#retracted_reqs: " in e["detail"] for e in retractions), pressure
+    assert all("#retracted_reqs: 0," not in e["detail"] for e in retractions), retractions
+    log = (Path(nights.config_of(cfg)["state"]["dir"]) / "server.log").read_text(errors="replace")
+    assert '"GET /metrics HTTP/1.1" 200' in log  # the daemon read SGLang's /metrics while it served
     assert climb["mem_fraction_before"] == 0.70 and climb["mem_fraction_static"] == 0.71, climb
     assert (relaunch["mem_fraction_static"], relaunch["delay_s"]) == (0.71, 0.0), relaunch
     across = [r for r in done if r[0] < stopping["mono"] < r[1]]
