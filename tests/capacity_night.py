@@ -301,7 +301,10 @@ async def climb_under_pressure(d: DaemonRun, client: Client, n: int, *, bursts: 
     def learned() -> bool:
         if upto is None:
             return True
-        recs = [r for r in a_events(d, "recommended_fraction") if r["mono"] >= ready["mono"]]
+        # the last one said: the daemon tells a recommendation when it changes (at the latest
+        # at READY), so this launch's may come before its READY
+        recs = [r for r in a_events(d, "recommended_fraction")
+                if r.get("mem_fraction_static") == ready["mem_fraction_static"]]
         rec = recs[-1].get("fraction") if recs else None
         return rec is not None and ready["mem_fraction_static"] + 1e-9 < rec <= upto + 1e-9
 
