@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from supervisor.core.model import StartupFacts
+from supervisor.core.startup_facts import MAIN_RANK  # lines without a rank (a TP-1 server's)
 
 STALE_TOKENS_SHARE = 0.05  # a launch whose tokens the model mispredicts by more: a new model
 STALE_AVAIL_GB = 1.0  # or whose headroom it mispredicts by more (an upgrade the key missed)
@@ -51,7 +52,6 @@ METRICS_FLAG = "--enable-metrics"  # SGLang serves its /metrics (sglang:token_us
 
 # The TP part of a rank name: "TP3", "DP1 TP3" (SGLang's log prefix), "DP1-TP3", "TP3_EP3".
 _TP_RANK = re.compile(r"(?:^|[\s_-])TP(\d{1,5})(?=$|[\s_-])")
-MAIN_RANK = "main"  # supervisor.core.startup_facts: lines without a rank (a TP-1 server's)
 
 
 def rank_gpus(ranks: Iterable[str]) -> dict[str, int]:

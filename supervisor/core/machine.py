@@ -801,9 +801,6 @@ def _step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
         case KvPressure(source=source, detail=detail) if s is State.READY:
             return _kv_pressure(core, ctx, source, detail)
 
-        case KvPressure() | KvSample():
-            return core, []
-
 
         case ClimbAllowed(fraction=fraction) if s is State.READY and _climb_wanted(core, ctx) == [AskClimb(fraction)]:
             # READY -> RESTARTING: drained, relaunched at once at the higher fraction

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -34,6 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.metrics_core import Metric
 
 from supervisor import __version__
+from supervisor.core.capacity import rank_gpus
 from supervisor.core.config import url_host
 from supervisor.core.events import (
     ALERT_KINDS,
@@ -146,31 +146,6 @@ def _gauge_value(value: object, scale: float = 1.0) -> float:
     """An event field as a gauge value: NaN when unknown, so comparisons are false."""
     number = _number(value)
     return NAN if number is None else number * scale
-
-
-# The TP part of a rank name: "TP3", "DP1 TP3" (SGLang's log prefix), "DP1-TP3", "TP3_EP3".
-_TP_RANK = re.compile(r"(?:^|[\s_-])TP(\d{1,5})(?=$|[\s_-])")
-MAIN_RANK = "main"  # supervisor.core.startup_facts: lines without a rank (a TP-1 server's)
-
-
-def rank_gpus(ranks: Iterable[str]) -> dict[str, int]:
-    """Each rank's GPU as its 0-based position among the GPUs the server sees.
-
-    TP rank i runs on the i-th GPU (SGLang's default ``--base-gpu-id 0 --gpu-id-step 1``);
-    on one node of a multi-node server, on the i-th after the node's lowest TP rank. Only
-    ranks that cannot be mistaken are mapped: a TP number reported by exactly one rank
-    (with DP attention TP ranks are global, so "DP1 TP3" is GPU 3), and ``main`` when it is
-    the only rank (a TP-1 server prints no rank). Plain data parallelism and pipeline
-    stages repeat TP numbers ("DP0 TP0", "DP1 TP0"): those ranks, and ranks without a TP
-    part, are left out rather than guessed.
-    """
-    names = list(ranks)
-    tp = {name: int(m.group(1)) for name in names if (m := _TP_RANK.search(name))}
-    if not tp:
-        return {MAIN_RANK: 0} if names == [MAIN_RANK] else {}
-    numbers = list(tp.values())
-    first = min(numbers)
-    return {name: n - first for name, n in tp.items() if numbers.count(n) == 1}
 
 
 class Metrics:

@@ -122,7 +122,7 @@ class ServerLife:
             log.close()
             return LaunchFailed(str(exc))
         self.server = server
-        self.since = time.time()
+        self.since = time.time()  # wall clock, not monotonic: compared with processes' create times
         self._ready_total = None
         self._facts = StartupFactsParser()
         server.on_line = self._on_line
