@@ -276,7 +276,7 @@ def test_a_write_that_loses_the_race_is_merged_again_and_keeps_both() -> None:
         store.interleave = [merge(None, advice.key, [theirs], "W0").to_json()]
         ours = FleetOom(0.93, 0.88, "T1", "cuda_oom_runtime", "kimi", "kimi", key=advice.key)
         task = asyncio.create_task(s.run())
-        s.share((ours,))
+        s.share(FleetShare((ours,)))
         for _ in range(100):
             if shared:
                 break
@@ -304,7 +304,7 @@ def test_etcd_away_is_an_error_and_a_retry_never_an_exception() -> None:
         advice = await s.advice(cfg, GPUS)
         assert advice.fraction is None and advice.key
         task = asyncio.create_task(s.run())
-        s.share((FleetOom(0.93, 0.88, "T1", "cuda_oom_runtime", "kimi", "kimi", key=advice.key),))
+        s.share(FleetShare((FleetOom(0.93, 0.88, "T1", "cuda_oom_runtime", "kimi", "kimi", key=advice.key),)))
         for _ in range(100):
             if any(isinstance(e, ev.FleetError) and e.op == "write" for e in events):
                 break
@@ -354,11 +354,11 @@ def test_lessons_without_a_key_wait_for_the_next_launch_quietly() -> None:
         s = sync(store, events, shared)
         task = asyncio.create_task(s.run())
         lesson = FleetOom(0.93, 0.88, "T1", "cuda_oom_runtime", "kimi", "kimi")  # key unknown at the crash
-        s.share((lesson,))
+        s.share(FleetShare((lesson,)))
         await asyncio.sleep(0.1)
         assert events == [] and shared == [] and store.data == {}
         advice = await s.advice(cfg, GPUS)  # the next launch
-        s.share((lesson,))
+        s.share(FleetShare((lesson,)))
         for _ in range(100):
             if shared:
                 break
@@ -382,7 +382,7 @@ def test_an_etcd_outage_is_one_link_down_and_one_link_up_for_the_fleet(monkeypat
         s = sync(store, events, shared)
         advice = await s.advice(cfg, GPUS)
         task = asyncio.create_task(s.run())
-        s.share((FleetOom(0.93, 0.88, "T1", "cuda_oom_runtime", "kimi", "kimi", key=advice.key),))
+        s.share(FleetShare((FleetOom(0.93, 0.88, "T1", "cuda_oom_runtime", "kimi", "kimi", key=advice.key),)))
         async with asyncio.timeout(30):
             while sum(isinstance(e, ev.FleetError) and e.op == "write" for e in events) < 4:
                 await asyncio.sleep(0.001)

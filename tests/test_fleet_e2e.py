@@ -126,7 +126,11 @@ def test_a_fleet_learns_once_and_every_daemon_of_that_configuration_starts_there
         assert grpc_loaded(b.proc.pid)  # [fleet] on: etcd's client is in the daemon
         for d in (b, other_gpu, other_version):
             assert d.stop() == 0
-    assert [r["key"] for r in records(a_cfg)] == [key]  # the others learned nothing: still one record
+    # the other GPU and the other version wrote records of their own: their memory models
+    # (start-up facts), no rung and no OOM; X's rung is still 0.88
+    by_key = {r["key"]: r for r in records(a_cfg)}
+    assert by_key[key]["rung"] == 0.88 and len(by_key) == 3
+    assert all(r["rung"] is None and not r["ooms"] and r["points"] for k, r in by_key.items() if k != key)
     status = cli("status", "--config", str(b_cfg))
     assert "fleet:" in status.stdout and "0.88" in status.stdout and key in status.stdout, status.stdout
     state = json.loads(cli("status", "--config", str(b_cfg), "--json").stdout)
@@ -155,8 +159,9 @@ def test_an_oom_while_etcd_is_away_reaches_the_record_when_it_returns(tmp_path, 
         with DaemonRun(cfg) as a:
             assert a.wait_for("fleet_error", op="read", timeout=60)["error"]
             oom_once(a)
-            failed = a.wait_for("fleet_error", op="write", timeout=60)
-            assert failed["retry_s"] and failed["pending"] == 1
+            # (the memory model's write at READY failed before it, with nothing pending)
+            failed = a.wait_for("fleet_error", op="write", pending=1, timeout=60)
+            assert failed["retry_s"]
             a.wait_for("server_ready", mem_fraction_static=0.88)
             etcd.start()
             a.wait_for("fleet_updated", timeout=90)
@@ -167,3 +172,37 @@ def test_an_oom_while_etcd_is_away_reaches_the_record_when_it_returns(tmp_path, 
         assert state["learned"].get("fleet_pending", []) == []  # nothing left to share (and then not written)
     finally:
         etcd.stop()
+
+
+def test_a_second_daemon_starts_with_the_first_ones_memory_model(tmp_path, etcd_server, no_leftovers):  # noqa: F811
+    """A serves X at 0.93: its start-up facts go into the record. B, on X at 0.88 with a
+    fresh state directory, has two fractions after its own first launch (0.93 from the
+    fleet, 0.88 its own), and the record holds both for the next one."""
+    prefix = "/test-fleet-model"
+    a_cfg = fleet_config(tmp_path / "a", etcd_server, prefix, name="x")
+    with DaemonRun(a_cfg) as a:
+        a.wait_for("server_ready", timeout=60)
+        updated = a.wait_for("fleet_updated", timeout=30)
+        assert updated["points"] == 1 and updated["fractions"] == []
+        assert a.stop() == 0
+    b_cfg = fleet_config(tmp_path / "b", etcd_server, prefix, name="x")
+    doc = tomllib.loads(b_cfg.read_text())
+    doc["server"]["mem_fraction_static"] = 0.88
+    b_cfg.write_text(tomli_w.dumps(doc))
+    with DaemonRun(b_cfg) as b:
+        assert fraction_of(first_launch(b)) == "0.88"
+        b.wait_for("server_ready", timeout=60)
+        b.wait_for("fleet_updated", points=2, timeout=30)
+        assert not b.find("fleet_error"), b.find("fleet_error")
+        assert b.stop() == 0
+    (record,) = records(a_cfg)
+    assert [p["fraction"] for p in record["points"]] == [0.88, 0.93]
+    assert record["points"][0]["kv_tokens"] < record["points"][1]["kv_tokens"]
+    state = json.loads(cli("status", "--config", str(b_cfg), "--json").stdout)
+    assert sorted(p["fraction"] for p in state["learned"]["capacity"]["points"]) == [0.88, 0.93]
+    # two fractions known (one of them from A) and the GPU monitor's least free memory while
+    # B served: a recommendation after B's first launch
+    rec = state["recommended"]
+    assert rec["fraction"] is not None and rec["current"] == 0.88 and not rec["missing"], rec
+    shown = cli("fleet", "list", "--config", str(a_cfg)).stdout
+    assert "memory model: 0.88:" in shown and "0.93:" in shown, shown

@@ -83,7 +83,8 @@ async def _list(client: Any, prefix: str, *, as_json: bool, out: IO[str]) -> int
             records.append({"key": kv.key, "error": str(exc)})
             continue
         records.append({"key": record.key, "rung": record.rung, "updated": record.updated,
-                        "ooms": [o.to_dict() for o in record.ooms]})
+                        "ooms": [o.to_dict() for o in record.ooms], "kept": record.kept,
+                        "points": [p.to_dict() for p in sorted(record.points, key=lambda p: p.fraction)]})
     if as_json:
         print(json.dumps({"prefix": prefix, "records": records}, indent=1), file=out)
         return 0
@@ -98,6 +99,10 @@ async def _list(client: Any, prefix: str, *, as_json: bool, out: IO[str]) -> int
             print(f"  unreadable: {r['error']} (fleet reset --key removes it)", file=out)
             continue
         print(f"  lowest fraction: {r['rung']}   updated {r['updated'] or '?'}   {len(r['ooms'])} OOM(s)", file=out)
+        if r["points"]:
+            kept = "" if r["kept"] is None else f"; a climb kept {r['kept']:g}"
+            shown = ", ".join(f"{p['fraction']:g}: {p['kv_tokens']:,} KV tokens" for p in r["points"])
+            print(f"  memory model: {shown}{kept}", file=out)
         for o in r["ooms"]:
             step = f"{o['fraction']:g} -> " + ("gave up" if o["next_fraction"] is None else f"{o['next_fraction']:g}")
             print(f"  {o['when'] or '?'}  {step}  {o['cause']}  on {o['host'] or '?'}/{o['server'] or '?'} "

@@ -16,6 +16,10 @@ headroom a fraction would leave at that peak is ``avail_r(f) − transient_r``; 
 recommended fraction ``f*`` is the highest step of ``climb_step`` whose headroom on the
 tightest rank stays at or above ``headroom_min_gb + climb_margin_gb``, never above the
 ceiling nor at or above a fraction that ran out of memory.
+
+A model also keeps ``kept``: the highest fraction a climb reached and kept past its
+probation. With ``[fleet]`` on, the points and ``kept`` are shared under the fleet key
+(``merge_points``, ``MemoryModel.joined``): a server learns from launches it never made.
 """
 
 from __future__ import annotations
@@ -140,6 +144,7 @@ class MemoryModel:
 
     key: str = ""
     points: tuple[MemoryPoint, ...] = ()
+    kept: float | None = None  # the highest fraction a climb kept past its probation
 
     def point(self, fraction: float) -> MemoryPoint | None:
         return next((p for p in self.points if math.isclose(p.fraction, fraction, abs_tol=1e-6)), None)
@@ -153,12 +158,26 @@ class MemoryModel:
             return self
         model = self if key == self.key else MemoryModel(key)
         if model.mispredicts(fraction, tokens, avail):
+            # the facts here disagree with the model (an upgrade the key did not name): the
+            # old points and the fraction kept on them are no evidence any more
             model = MemoryModel(key)
         old = model.point(fraction)
         kept = old.least_free_gb if old is not None and set(old.avail_gb) == set(avail) else {}
         new = MemoryPoint(fraction, tokens, avail, kept)
         others = tuple(p for p in model.points if p is not old)
         return replace(model, points=(*others, new)[-POINTS_KEPT:])
+
+    def joined(self, key: str, points: Iterable[MemoryPoint], kept: float | None = None) -> MemoryModel:
+        """With what other servers of the same ``key`` learned (the fleet's record): their
+        fractions this model lacks, unless it mispredicts them (they disagree with what was
+        seen here); at a fraction both know, this model's facts and the lower peak per
+        rank. ``kept``: the higher of the two. A model of another key is replaced."""
+        model = self if key == self.key else MemoryModel(key)
+        theirs = tuple(p for p in points if model.point(p.fraction) is not None
+                       or not model.mispredicts(p.fraction, p.kv_tokens, p.avail_gb))
+        merged = merge_points(theirs, model.points)
+        highest = max((k for k in (model.kept, kept) if k is not None), default=None)
+        return replace(model, points=merged, kept=highest)
 
     def mispredicts(self, fraction: float, tokens: int, avail: Mapping[str, float]) -> bool:
         line = self.tokens_line()
@@ -200,12 +219,45 @@ class MemoryModel:
                 if rank in p.least_free_gb and rank in p.avail_gb]
         return max(0.0, *seen) if seen else None
 
+    def climb_kept(self, fraction: float) -> MemoryModel:
+        """A climb to ``fraction`` passed its probation."""
+        if self.kept is not None and self.kept >= fraction:
+            return self
+        return replace(self, kept=fraction)
+
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "points": [p.to_dict() for p in self.points]}
+        d: dict[str, Any] = {"key": self.key, "points": [p.to_dict() for p in self.points]}
+        if self.kept is not None:
+            d["kept"] = self.kept
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> MemoryModel:
-        return cls(str(d.get("key", "")), tuple(MemoryPoint.from_dict(p) for p in d.get("points", [])))
+        kept = d.get("kept")
+        return cls(str(d.get("key", "")), tuple(MemoryPoint.from_dict(p) for p in d.get("points", [])),
+                   None if kept is None else float(kept))
+
+
+def merge_points(base: Iterable[MemoryPoint], newer: Iterable[MemoryPoint]) -> tuple[MemoryPoint, ...]:
+    """One point per fraction from two lists of the same key: at a fraction both have, the
+    newer list's start-up facts and, per rank, the lower of the two serving peaks' least free
+    memory (the highest peak anyone saw); the newer list's points last, the oldest dropped
+    past ``POINTS_KEPT``."""
+    old_points, new = list(base), list(newer)
+
+    def at(points: list[MemoryPoint], fraction: float) -> MemoryPoint | None:
+        return next((p for p in points if math.isclose(p.fraction, fraction, abs_tol=1e-6)), None)
+
+    out = [b for b in old_points if at(new, b.fraction) is None]
+    for p in new:
+        same = at(old_points, p.fraction)
+        if same is not None and set(same.avail_gb) == set(p.avail_gb):
+            least = dict(p.least_free_gb)
+            for rank, free in same.least_free_gb.items():
+                least[rank] = min(free, least.get(rank, math.inf))
+            p = replace(p, least_free_gb=least)
+        out.append(p)
+    return tuple(out[-POINTS_KEPT:])
 
 
 @dataclass(frozen=True, slots=True)

@@ -719,13 +719,16 @@ class FleetApplied(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FleetUpdated(Event):
-    """Our OOMs are in the fleet's record at ``key`` (read, merged, compare-and-swapped)."""
+    """Our OOMs, or our memory model, are in the fleet's record at ``key`` (read, merged,
+    compare-and-swapped)."""
 
     kind = "fleet_updated"
     key: str
     rung: float | None  # the fleet's rung after the merge
     fractions: tuple[float, ...]  # the fractions of the OOMs just added
     conflicts: int  # how many times another daemon wrote first and the merge was redone
+    points: int = 0  # the memory model's points the record holds after the merge
+    kept: float | None = None  # the highest fraction a climb kept past probation, per the record
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -19,6 +19,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from supervisor.core.capacity import MemoryPoint, merge_points
+
 FLEET_PREFIX = "/sglang-supervisor/fleet"
 HASH_CHARS = 12  # 48 bits: no accidental collision among a fleet's few hundred configurations
 SLUG_CHARS = 64
@@ -222,12 +224,16 @@ class FleetOom:
 @dataclass(frozen=True, slots=True)
 class FleetRecord:
     """The JSON at a fleet key: the lowest fraction the fleet reached (``rung``) and the OOMs
-    that led there, oldest first."""
+    that led there, oldest first; the memory model's points (``core.capacity``: start-up
+    facts and serving peaks per fraction) and the highest fraction a climb kept past its
+    probation (``kept``: None once a fraction at or below it ran out of memory)."""
 
     key: str
     rung: float | None
     ooms: tuple[FleetOom, ...] = ()
     updated: str = ""
+    points: tuple[MemoryPoint, ...] = ()
+    kept: float | None = None
 
     @property
     def oom_fractions(self) -> frozenset[float]:
@@ -242,6 +248,7 @@ class FleetRecord:
         return json.dumps({
             "version": RECORD_VERSION, "key": self.key, "rung": self.rung,
             "ooms": [o.to_dict() for o in self.ooms], "updated": self.updated,
+            "points": [p.to_dict() for p in self.points], "kept": self.kept,
         }, sort_keys=True).encode()
 
     @classmethod
@@ -251,22 +258,32 @@ class FleetRecord:
             d = json.loads(raw)
             rung = d.get("rung")
             ooms = tuple(FleetOom.from_dict(o) for o in d.get("ooms", []))
+            points = tuple(MemoryPoint.from_dict(p) for p in d.get("points", []))
+            kept = d.get("kept")
             return cls(key=key, rung=None if rung is None else float(rung), ooms=ooms,
-                       updated=str(d.get("updated", "")))
+                       updated=str(d.get("updated", "")), points=points, kept=None if kept is None else float(kept))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise ValueError(f"{key}: not a fleet record ({type(exc).__name__})") from None
 
 
-def merge(record: FleetRecord | None, key: str, ooms: Sequence[FleetOom], now: str) -> FleetRecord:
+def merge(record: FleetRecord | None, key: str, ooms: Sequence[FleetOom], now: str,
+          points: Sequence[MemoryPoint] = (), kept: float | None = None) -> FleetRecord:
     """``record`` with ``ooms`` added (an OOM it holds already is not added twice); the rung
-    only ever goes down. ``record`` None: a new record."""
-    kept = list(record.ooms) if record else []
-    seen = {o.identity for o in kept}
+    only ever goes down. ``points`` join the record's (``capacity.merge_points``: the
+    writer's start-up facts, the lower least free memory per rank); ``kept`` only ever goes
+    up, and is forgotten once the record holds an OOM at or below it. ``record`` None: a
+    new record."""
+    kept_ooms = list(record.ooms) if record else []
+    seen = {o.identity for o in kept_ooms}
     rung = record.rung if record else None
     for oom in ooms:
         rung = oom.reached if rung is None else min(rung, oom.reached)
         if oom.identity not in seen:
             seen.add(oom.identity)
-            kept.append(FleetOom(oom.fraction, oom.next_fraction, oom.when, oom.cause, oom.server, oom.config,
+            kept_ooms.append(FleetOom(oom.fraction, oom.next_fraction, oom.when, oom.cause, oom.server, oom.config,
                                  oom.host, ""))
-    return FleetRecord(key=key, rung=rung, ooms=tuple(kept[-RECORD_OOMS:]), updated=now)
+    highest = max((k for k in (record.kept if record else None, kept) if k is not None), default=None)
+    if highest is not None and any(o.fraction <= highest + 1e-9 for o in kept_ooms):
+        highest = None
+    return FleetRecord(key=key, rung=rung, ooms=tuple(kept_ooms[-RECORD_OOMS:]), updated=now,
+                       points=merge_points(record.points if record else (), points), kept=highest)

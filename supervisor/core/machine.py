@@ -242,19 +242,6 @@ def _after_failure(
         immediate=immediate,
         min_fraction=diagnosis.min_fraction,
     )
-    oom = learned.oom_fractions
-    pending = learned.fleet_pending
-    share: list[Action] = []
-    if diagnosis.remedy is Remedy.FRACTION_DOWN and learned.fraction is not None:
-        oom = oom | {learned.fraction}
-        if cfg.fleet.enabled:
-            # The fleet learns what our ladder learned: the fraction that ran out and the rung it led to.
-            lesson = FleetOom(
-                fraction=learned.fraction, next_fraction=None if decision.give_up else decision.fraction,
-                when=ctx.wall_time, cause=str(cause), server=unit_name(cfg), config=cfg.name, key=core.fleet_key,
-            )
-            pending = (*pending, lesson)[-FLEET_PENDING_LIMIT:]
-            share = [FleetShare(pending)]
     fell_back: list[Action] = []
     if cause is Cause.CLIMB and core.climb_to is not None and not decision.give_up:
         # the climb: relaunched at once at the higher fraction, on probation from the last stable one
@@ -272,6 +259,19 @@ def _after_failure(
                                            cause=cause))]
         core = replace(core, climb_from=None)
     next_fraction = None if decision.give_up else decision.fraction
+    oom = learned.oom_fractions
+    pending = learned.fleet_pending
+    ran_out = learned.fraction if diagnosis.remedy is Remedy.FRACTION_DOWN else None
+    if ran_out is not None:
+        oom = oom | {ran_out}
+        if cfg.fleet.enabled:
+            # The fleet learns what our ladder learned: the fraction that ran out and the
+            # fraction it led to (after a failed climb, the last stable one).
+            lesson = FleetOom(
+                fraction=ran_out, next_fraction=next_fraction,
+                when=ctx.wall_time, cause=str(cause), server=unit_name(cfg), config=cfg.name, key=core.fleet_key,
+            )
+            pending = (*pending, lesson)[-FLEET_PENDING_LIMIT:]
     record = _crash_record(core, ctx, diagnosis, status.describe() if status else "stopped by the supervisor",
                            next_fraction)
     crash_event = Emit(_crash_event(
@@ -298,6 +298,7 @@ def _after_failure(
         recovering_from=cause,
         pid=None,
     )
+    share = _share(core, ctx) if ran_out is not None else []
     crash_events: list[Action] = [*([crash_event] if counted else []), *share, *fell_back]
     if decision.give_up:
         new, actions = _give_up(core, decision.reason, cause)
@@ -425,15 +426,44 @@ def _recommended(core: Core, ctx: Ctx) -> ev.Recommended:
     )
 
 
-def _with_model(core: Core, ctx: Ctx, model: capacity.MemoryModel) -> tuple[Core, list[Action]]:
-    """The model changed: kept, and the recommendation told when it changed."""
+def _with_model(core: Core, ctx: Ctx, model: capacity.MemoryModel, *, share: bool = True) -> tuple[Core, list[Action]]:
+    """The model changed: kept, shared with the fleet, and the recommendation told when it
+    changed."""
     if model == core.learned.capacity:
         return core, []
     new = replace(core, learned=replace(core.learned, capacity=model))
+    out: list[Action] = [Persist(), *(_share(new, ctx) if share else [])]
     before, after = _recommended(core, ctx), _recommended(new, ctx)
     if replace(before, points=0) == replace(after, points=0):
-        return new, [Persist()]
-    return replace(new, recommendation_told=True), [Persist(), Emit(after)]
+        return new, out
+    return replace(new, recommendation_told=True), [*out, Emit(after)]
+
+
+def _share(core: Core, ctx: Ctx) -> list[Action]:
+    """[FleetShare] of what the fleet's record should hold of us (each one carries all of
+    it: the lessons not yet in, and the memory model of the launch's key); [] without
+    ``[fleet]`` or with nothing to share."""
+    if not ctx.cfg.fleet.enabled:
+        return []
+    model = core.learned.capacity
+    ours = bool(core.fleet_key) and model.key == core.fleet_key and bool(model.points or model.kept is not None)
+    if not ours and not core.learned.fleet_pending:
+        return []
+    if not ours:
+        return [FleetShare(core.learned.fleet_pending)]
+    return [FleetShare(core.learned.fleet_pending, model.key, model.points, model.kept)]
+
+
+def _record_lacks(model: capacity.MemoryModel, advice: FleetAdvice) -> bool:
+    """The fleet's record lacks what this model knows (a point, a higher peak, a kept climb)."""
+    if model.key != advice.key:
+        return False
+    by_fraction = lambda p: p.fraction  # noqa: E731
+    if sorted(capacity.merge_points(advice.points, model.points), key=by_fraction) != sorted(advice.points, key=by_fraction):
+        return True
+    kept = model.kept
+    return (kept is not None and not any(c <= kept + 1e-9 for c in advice.oom_fractions)
+            and (advice.kept is None or advice.kept < kept - 1e-9))
 
 
 def _learn_launch(core: Core, ctx: Ctx, facts: StartupFacts) -> tuple[Core, list[Action]]:
@@ -488,28 +518,45 @@ def _climb_wanted(core: Core, ctx: Ctx) -> list[Action]:
 
 
 def _fleet_advice(core: Core, advice: FleetAdvice, ctx: Ctx) -> tuple[Core, list[Action]]:
-    """The fleet's record, read before a launch: its rung replaces ours only when it is lower
-    (never below our ladder's floor, never raising ours); lessons still unshared go out now
-    that the launch's key is known."""
+    """The fleet's record, read before a launch. Its memory-model points join ours (and ours
+    go out when it lacks them, with the lessons not yet in it). Its rung replaces ours only
+    when lower: never below our ladder's floor, never raising ours, never below a fraction
+    a climb kept past its probation (here or in the fleet) while nothing at or below that
+    ran out, and never undoing a climb on probation unless the fleet ran out at or below it
+    (then back to the last stable fraction)."""
     core = replace(core, fleet_key=advice.key)
     out: list[Action] = []
+    if advice.key and ctx.cfg.fleet.enabled:
+        if advice.points or advice.kept is not None:
+            joined = core.learned.capacity.joined(advice.key, advice.points, advice.kept)
+            core, out = _with_model(core, ctx, joined, share=False)
+        if core.learned.fleet_pending or _record_lacks(core.learned.capacity, advice):
+            out += _share(core, ctx)
     learned = core.learned
-    if learned.fleet_pending and advice.key and ctx.cfg.fleet.enabled:
-        out.append(FleetShare(learned.fleet_pending))
     own = learned.fraction
     if advice.fraction is None or not advice.key:
         return core, out
-    floor = ctx.cfg.policy.fraction_ladder[-1]
-    target = max(advice.fraction, floor)
+    rung = max(advice.fraction, ctx.cfg.policy.fraction_ladder[-1])
+    target = rung
+    ran_out = (*learned.oom_fractions, *advice.oom_fractions)
+    kept = learned.capacity.kept
+    if kept is not None and not any(c <= kept + 1e-9 for c in ran_out):
+        target = max(target, kept)
+    if core.climb_from is not None and own is not None:
+        if not any(c <= own + 1e-9 for c in advice.oom_fractions):
+            target = max(target, own)  # the climb on probation stands
+        else:
+            target = min(target, core.climb_from)  # the fleet ran out there: back to the last stable one
+            core = replace(core, climb_from=None)
     known = FleetNote(
-        key=advice.key, fraction=target, source=advice.source, when=advice.when,
+        key=advice.key, fraction=rung, source=advice.source, when=advice.when,
         oom_fractions=tuple(sorted(advice.oom_fractions, reverse=True)), own_fraction=own,
     )
     if own is None or target >= own - 1e-9:
         # Not lower (or SGLang chooses ours): nothing applied. A note of an earlier
         # application of this same rung is kept, so status still says where ours came from.
         old = learned.fleet
-        if old is not None and old.applied and (old.key, old.fraction) == (advice.key, target):
+        if old is not None and old.applied and (old.key, old.fraction) == (advice.key, rung):
             known = replace(old, oom_fractions=known.oom_fractions, source=advice.source, when=advice.when)
         if known == learned.fleet:
             return core, out
@@ -781,7 +828,11 @@ def _step(core: Core, event: Event, ctx: Ctx) -> tuple[Core, list[Action]]:
 
         case TimerFired(name=Timer.PROBATION) if s is State.READY and core.climb_from is not None:
             kept = ev.ClimbKept(mem_fraction_static=core.learned.fraction, probation_s=cfg.policy.probation_s)
-            return replace(core, climb_from=None), [Emit(kept)]
+            core = replace(core, climb_from=None)
+            if core.learned.fraction is None:
+                return core, [Emit(kept)]
+            core, actions = _with_model(core, ctx, core.learned.capacity.climb_kept(core.learned.fraction))
+            return core, [Emit(kept), *actions]
 
         case GpuFree(least_free_gb=free) if s is State.READY and core.learned.fraction is not None:
             model = core.learned.capacity

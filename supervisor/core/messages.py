@@ -9,6 +9,7 @@ import random
 from dataclasses import dataclass
 
 from supervisor.core import events as ev
+from supervisor.core.capacity import MemoryPoint
 from supervisor.core.config import Config
 from supervisor.core.fleet import FleetOom
 from supervisor.core.model import Diagnosis, ExitStatus, Phase, StartupFacts
@@ -160,6 +161,8 @@ class FleetAdvice:
     oom_fractions: tuple[float, ...] = ()
     source: str = ""
     when: str = ""
+    points: tuple[MemoryPoint, ...] = ()  # the memory model's points under this key (core.capacity)
+    kept: float | None = None  # the highest fraction a climb kept there past its probation
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,9 +322,13 @@ class GroupReport:
 @dataclass(frozen=True, slots=True)
 class FleetShare:
     """Merge these lessons into the fleet's record (read, merge, compare-and-swap, retried
-    until it works); a ``FleetShared`` follows once they are in."""
+    until it works); a ``FleetShared`` follows once they are in. With them, the memory
+    model of ``model_key`` (its points and the fraction a climb kept), when there is one."""
 
     entries: tuple[FleetOom, ...]
+    model_key: str = ""
+    points: tuple[MemoryPoint, ...] = ()
+    kept: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

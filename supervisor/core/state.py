@@ -133,6 +133,15 @@ class Learned:
         fleet's (the same configuration on the same GPU ran out there)."""
         return self.oom_fractions | frozenset(self.fleet.oom_fractions if self.fleet else ())
 
+    @property
+    def kept_fraction(self) -> float | None:
+        """The highest fraction a climb kept past its probation (here or, with ``[fleet]``,
+        elsewhere in the fleet), while nothing at or below it ran out of memory since."""
+        kept = self.capacity.kept
+        if kept is None or any(c <= kept + 1e-9 for c in self.ceiling_fractions):
+            return None
+        return kept
+
     def recommendation(self, cfg: Config) -> Recommendation:
         """The memory model's recommended fraction for this config (docs/capacity.md)."""
         p = cfg.policy
@@ -168,7 +177,7 @@ class Learned:
         d.pop("fleet_pending", None)
         d.pop("fleet", None)
         d.pop("capacity", None)
-        if self.capacity.points:
+        if self.capacity.points or self.capacity.kept is not None:
             d["capacity"] = self.capacity.to_dict()
         if self.fleet_pending:
             d["fleet_pending"] = [{**o.to_dict(), "key": o.key} for o in self.fleet_pending]

@@ -7,8 +7,9 @@ this service does the I/O over the ``FleetStore`` port (etcd's client):
   configuration's identity (the SGLang version of ``[server] command``'s own Python, read
   once per command and environment in a thread; the GPU name and memory from the unit's GPU
   probe sample), computes its key (``core.fleet.fleet_key``) and reads the record there;
-- ``share`` merges OOMs into the record: read, merge (``core.fleet.merge``), compare-and-
-  swap on the key's mod_revision (create only if absent), again on a conflict. A failed
+- ``share`` merges OOMs, and the memory model's points and kept climb (``core.capacity``),
+  into the record: read, merge (``core.fleet.merge``), compare-and-swap on the key's
+  mod_revision (create only if absent), again on a conflict. A failed
   write is reported (``fleet_error``) and retried on a backoff until it works; the core
   keeps the lessons in ``state.json`` until a ``FleetShared`` says they are in, so a daemon
   restarted meanwhile merges them at its next launch.
@@ -28,9 +29,10 @@ from dataclasses import replace
 from supervisor.adapters.ports import FleetStore, GpuInfo, VersionReader
 from supervisor.aio import Backoff, Reconnect, within
 from supervisor.core import events as ev
+from supervisor.core.capacity import MemoryPoint
 from supervisor.core.config import Config
 from supervisor.core.fleet import FleetOom, FleetRecord, fleet_identity, fleet_key, merge
-from supervisor.core.messages import FleetAdvice
+from supervisor.core.messages import FleetAdvice, FleetShare
 from supervisor.core.ownership import server_env
 
 UNKNOWN_GPU = "unknown"  # [gpu] backend = "none": no GPU name or memory to key on
@@ -100,7 +102,7 @@ class FleetSync:
         self._environ = environ
         self._rng = rng or random.Random()
         self._versions: dict[tuple[tuple[str, ...], tuple[tuple[str, str], ...]], str] = {}
-        self._wanted: tuple[FleetOom, ...] = ()
+        self._wanted = FleetShare(())
         self._kick = asyncio.Event()
         self.key = ""  # the key of the last launch's configuration
         # etcd's outages as the fleet sees them (its reads and writes): one link_down when
@@ -142,7 +144,7 @@ class FleetSync:
         lowest = record.lowest()
         return FleetAdvice(
             self.key, record.rung, tuple(sorted(record.oom_fractions, reverse=True)),
-            source=source_of(lowest), when=lowest.when if lowest else "",
+            source=source_of(lowest), when=lowest.when if lowest else "", points=record.points, kept=record.kept,
         )
 
     async def _key(self, cfg: Config, gpus: Sequence[GpuInfo]) -> str:
@@ -169,9 +171,10 @@ class FleetSync:
 
     # -- writing, after an OOM --------------------------------------------------------------
 
-    def share(self, entries: tuple[FleetOom, ...]) -> None:
-        """The core's lessons not yet in the record (all of them: the latest wish wins)."""
-        self._wanted = entries
+    def share(self, wish: FleetShare) -> None:
+        """What the record should hold of us: the core's lessons not yet in it and its memory
+        model (all of it each time: the latest wish wins)."""
+        self._wanted = wish
         self._kick.set()
 
     async def run(self) -> None:
@@ -181,14 +184,15 @@ class FleetSync:
             if not retrying:
                 await self._kick.wait()
             self._kick.clear()
-            entries = self._wanted
-            if not entries:
+            wish = self._wanted
+            if not wish.entries and not wish.model_key:
                 retrying = False
                 continue
-            error = await self._write_all(entries)
+            error = await self._write_all(wish)
             if error is None:
                 retrying = False
-                self._shared(entries)
+                if wish.entries:
+                    self._shared(wish.entries)
                 continue
             op, exc, key = error
             if not key:
@@ -198,33 +202,41 @@ class FleetSync:
                 continue
             delay = self._link.failed(exc)
             retrying = True
-            self._error(op, _why(exc), key=key, retry_s=round(delay, 3), pending=len(entries))
+            self._error(op, _why(exc), key=key, retry_s=round(delay, 3), pending=len(wish.entries))
             # A new lesson (or the next launch's new key) tries again at once.
             with contextlib.suppress(TimeoutError):
                 await within(self._kick.wait(), delay)
 
-    async def _write_all(self, entries: tuple[FleetOom, ...]) -> tuple[str, Exception, str] | None:
-        """Each key's OOMs merged into its record; (op, error, key) of the first failure."""
+    async def _write_all(self, wish: FleetShare) -> tuple[str, Exception, str] | None:
+        """Each key's OOMs (and the model, under its key) merged into its record; (op, error,
+        key) of the first failure."""
         by_key: dict[str, list[FleetOom]] = {}
-        for oom in entries:
+        for oom in wish.entries:
             key = oom.key or self.key  # an OOM of a launch whose key was not known: the current one
             if not key:
                 return "write", FleetUnavailable("write", "the configuration's fleet key is not known (read at the next launch)"), ""
             by_key.setdefault(key, []).append(replace(oom, host=oom.host or self._host))
+        if wish.model_key:
+            by_key.setdefault(wish.model_key, [])
         for key, ooms in by_key.items():
+            model = key == wish.model_key
             try:
-                record, conflicts = await self._merge(key, ooms)
+                record, conflicts = await self._merge(key, ooms, wish.points if model else (),
+                                                      wish.kept if model else None)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - etcd's error or a timeout: retried, never raised into supervision
                 return "write", exc, key
             self._link.connected()
-            self._emit(ev.FleetUpdated(key=key, rung=record.rung, fractions=tuple(o.fraction for o in ooms),
-                                       conflicts=conflicts))
+            if record is not None:
+                self._emit(ev.FleetUpdated(key=key, rung=record.rung, fractions=tuple(o.fraction for o in ooms),
+                                           conflicts=conflicts, points=len(record.points), kept=record.kept))
         return None
 
-    async def _merge(self, key: str, ooms: Sequence[FleetOom]) -> tuple[FleetRecord, int]:
-        """Read, merge, compare-and-swap; again while another daemon wrote in between."""
+    async def _merge(self, key: str, ooms: Sequence[FleetOom], points: Sequence[MemoryPoint],
+                     kept: float | None) -> tuple[FleetRecord | None, int]:
+        """Read, merge, compare-and-swap; again while another daemon wrote in between. The
+        record written, or None when it held all of it already (nothing written)."""
         for conflicts in range(CAS_TRIES):
             entry = await within(self._store.get(key), self._timeout_s)
             old = None
@@ -233,7 +245,9 @@ class FleetSync:
                     old = FleetRecord.from_json(key, entry.value)
                 except ValueError:
                     old = None  # not a record of ours: replaced by one (compare-and-swapped all the same)
-            record = merge(old, key, ooms, self._wall_now())
+            record = merge(old, key, ooms, self._wall_now(), points, kept)
+            if old is not None and replace(old, updated="") == replace(record, updated=""):
+                return None, conflicts
             revision = 0 if entry is None else entry.mod_revision
             written = await within(self._store.put_if(key, record.to_json(), revision), self._timeout_s)
             if written is not None:

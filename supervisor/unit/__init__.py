@@ -213,9 +213,9 @@ class ServerUnit:
                     self._group.report(generation, diagnosis, exit_text)
             case Exit(code=code):
                 self.exit_code = code
-            case FleetShare(entries=entries):
+            case FleetShare() as wish:
                 if self._fleet is not None:
-                    self._fleet.share(entries)
+                    self._fleet.share(wish)
 
     async def _climb_allowed(self, fraction: float) -> ClimbAllowed | None:
         """A climb drains this server: behind the router, only while another one serves."""
