@@ -29,16 +29,16 @@ class RealSGLang:
     python: str
     site_packages: str
     stub_dir: str
-    model: str
+    model: str  # the tiny model in bf16, as real models ship: the reference every real test runs
     extra_args: tuple[str, ...]
     env: dict[str, str]
-    model_bf16: str = ""  # the same tiny model in bf16, as real models ship
+    model_fp32: str = ""  # the same model in float32 (no real test needs it now; kept for comparisons)
 
-    def in_bf16(self) -> RealSGLang:
-        """The same server with the bf16 model."""
+    def in_fp32(self) -> RealSGLang:
+        """The same server with the float32 model."""
         from dataclasses import replace
 
-        return replace(self, model=self.model_bf16)
+        return replace(self, model=self.model_fp32)
 
     def command(self) -> list[str]:
         """The server's launcher; add ``--model-path``, ``--host``, ``--port`` and :attr:`extra_args`."""
@@ -71,14 +71,14 @@ def load(path: str | os.PathLike[str] | None = None) -> RealSGLang:
             python=str(data["python"]),
             site_packages=str(data["site_packages"]),
             stub_dir=str(data["stub_dir"]),
-            model=str(data["model"]),
+            model=str(data["model_bf16"]),
             extra_args=tuple(str(a) for a in data["extra_args"]),
             env={str(k): str(v) for k, v in data["env"].items()},
-            model_bf16=str(data["model_bf16"]),
+            model_fp32=str(data["model"]),
         )
     except (KeyError, TypeError, AttributeError) as e:
         raise RealSGLangMissing(f"{p} is malformed ({e!r}); {hint}") from None
-    for what in (real.python, real.stub_dir, real.model, real.model_bf16):
+    for what in (real.python, real.stub_dir, real.model, real.model_fp32):
         if not os.path.exists(what):
             raise RealSGLangMissing(f"{p} names {what}, which does not exist; {hint}")
     return real

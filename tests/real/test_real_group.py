@@ -87,13 +87,13 @@ def test_a_real_two_node_group_restarts_as_one_with_the_killed_nodes_cause(
 def test_a_real_bf16_group_names_the_node_that_failed(
     tmp_path: Path, real_sglang: RealSGLang, real_lock: None, etcd_server: EtcdServer, fault: str,  # noqa: F811
 ) -> None:
-    """With a bf16 model, as real models ship, SGLang 0.5.23 logs a harmless start-up warning
+    """With a bf16 model, as real models ship (the whole real tier runs one), SGLang 0.5.23 logs a harmless start-up warning
     whose words name a missing driver ("multimem all-gather disabled (Found no NVIDIA driver
     ..."). It once read as the first failure (gpu_hw_error: the group gave up for good), and a
     main process killed with nothing logged ranked as an echo. Now: node 1's main SIGKILLed
     while serving is node 1's own death (killed, ranked above node 0's echo); node 0's
     scheduler stopped (a hang) is node 0's hang; both times the group is READY again."""
-    configs = node_configs(tmp_path, real_sglang.in_bf16(), etcd_server)
+    configs = node_configs(tmp_path, real_sglang, etcd_server)  # bf16, as every real test
     victim = 1 if "SIGKILL" in fault else 0
     with DaemonRun(configs[0]) as n0, DaemonRun(configs[1]) as n1:
         nodes = [n0, n1]
