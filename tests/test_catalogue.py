@@ -237,12 +237,29 @@ def test_frame_paths_resolve_to_their_subsystem(frame: str, subsystem: str) -> N
 
 
 def test_the_data_ship_with_the_package() -> None:
-    """The two files are package data: importlib.resources finds them in the installed package."""
+    """The three files are package data: importlib.resources finds them in the installed package."""
     data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    assert "data/*.tsv" in data["supervisor.core"]
+    assert "data/*.tsv" in data["supervisor.core"] and "data/*.idx" in data["supervisor.core"]
     root = resources.files("supervisor.core").joinpath("data")
-    assert root.joinpath("catalogue.tsv").is_file() and root.joinpath("modules.tsv").is_file()
+    assert all(root.joinpath(name).is_file() for name in ("catalogue.tsv", "catalogue.idx", "modules.tsv"))
     assert len(cat.catalogue()) > 10_000 and len(cat.modules()) > 100
+
+
+def test_the_committed_index_is_the_catalogues_and_reads_the_same_entries() -> None:
+    """catalogue.idx is what index_text makes of the committed catalogue.tsv (make catalogue
+    writes both); through it the daemon reads rows only when a line's words bring them up,
+    and every row, every candidate list and every match is the same as the whole file's."""
+    text = CATALOGUE_TSV.read_text(encoding="utf-8")
+    assert (CATALOGUE_TSV.parent / "catalogue.idx").read_text(encoding="utf-8") == cat.index_text(text)
+    whole, indexed = cat.parse_catalogue(text), cat.catalogue()
+    assert isinstance(indexed.entries, cat.FileRows) and indexed.versions == whole.versions
+    assert list(indexed.entries) == list(whole.entries)
+    for line in ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity",
+                 "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, unhandled cuda error",
+                 "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.",
+                 "CUDA error: an illegal memory access was encountered"):
+        assert indexed.matches(line) == whole.matches(line), line
+        assert indexed.candidates(cat.normalise(line)) == whole.candidates(cat.normalise(line))
 
 
 # --------------------------------------------------------------------------- the harvester's parts

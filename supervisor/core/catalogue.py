@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import re
 import sys
+from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
+from pathlib import Path
+from typing import overload
 
 ANY = "<*>"
 ANY_CHARS = 240  # what one <*> may stand for in a line
@@ -167,35 +170,56 @@ class Match:
     values: tuple[str, ...] = ()  # what its placeholders held in the line
 
 
-class Catalogue:
-    """Entries indexed by one rare word each, so a line is checked against few regexes."""
+@dataclass(frozen=True, slots=True)
+class Index:
+    """Which rows a line's words bring up: each entry under one rare word of its head
+    (``by_word``), the few with no word (``unindexed``), and the error tables' rows."""
 
-    def __init__(self, entries: Iterable[Entry], versions: Sequence[str] = ()) -> None:
-        self.entries = tuple(entries)
+    by_word: dict[str, tuple[int, ...]]
+    unindexed: tuple[int, ...]
+    tables: tuple[int, ...]
+
+
+def build_index(entries: Sequence[Entry]) -> Index:
+    """Each entry under the rarest of its head's words (a line must hold the head)."""
+    frequency: dict[str, int] = {}
+    words = [_words(e.head) for e in entries]
+    for ws in words:
+        for w in ws:
+            frequency[w] = frequency.get(w, 0) + 1
+    by_word: dict[str, list[int]] = {}
+    unindexed: list[int] = []
+    for i, ws in enumerate(words):
+        if not ws:
+            unindexed.append(i)
+            continue
+        key = min(ws, key=lambda w: (frequency[w], -len(w), w))
+        by_word.setdefault(key, []).append(i)
+    tables = tuple(i for i, e in enumerate(entries) if e.level == "table")
+    return Index({w: tuple(rows) for w, rows in by_word.items()}, tuple(unindexed), tables)
+
+
+class Catalogue:
+    """Entries indexed by one rare word each, so a line is checked against few regexes.
+
+    ``entries`` may be a list, or the committed file's rows read one by one when a line's
+    words first bring them up (``FileRows``: the daemon never holds the 42,000 of them)."""
+
+    def __init__(self, entries: Iterable[Entry], versions: Sequence[str] = (), index: Index | None = None) -> None:
+        self.entries: Sequence[Entry] = entries if isinstance(entries, Sequence) else tuple(entries)
         self.versions = tuple(versions)
-        frequency: dict[str, int] = {}
-        words = [_words(e.head) for e in self.entries]  # a line must hold the head: index by its words
-        for ws in words:
-            for w in ws:
-                frequency[w] = frequency.get(w, 0) + 1
-        self._by_word: dict[str, list[Entry]] = {}
-        self._unindexed: list[Entry] = []
-        self._tables = [e for e in self.entries if e.level == "table"]
+        self._index = index if index is not None else build_index(self.entries)
+        self._tables = [self.entries[i] for i in self._index.tables]
         self._table_text = {e.pattern.strip(" .").lower(): e for e in reversed(self._tables)}
-        for entry, ws in zip(self.entries, words, strict=True):
-            if not ws:
-                self._unindexed.append(entry)
-                continue
-            key = min(ws, key=lambda w: (frequency[w], -len(w), w))
-            self._by_word.setdefault(key, []).append(entry)
 
     def __len__(self) -> int:
         return len(self.entries)
 
     def candidates(self, normalised: str) -> list[Entry]:
-        found: list[Entry] = list(self._unindexed)
+        rows = self.entries
+        found: list[Entry] = [rows[i] for i in self._index.unindexed]
         for w in _words(normalised):
-            found.extend(self._by_word.get(w, ()))
+            found.extend(rows[i] for i in self._index.by_word.get(w, ()))
         return found
 
     def match(self, line: str, *, families: frozenset[str] | None = None, tables: bool = False) -> Match | None:
@@ -295,36 +319,138 @@ def _inner(entry: Entry, m: re.Match[str], text: str) -> str | None:
 
 DATA = "data"
 CATALOGUE_FILE = "catalogue.tsv"
+INDEX_FILE = "catalogue.idx"
 MODULES_FILE = "modules.tsv"
+HEADER = "family\tlevel\tpattern\torigin\tseen_in"
+
+
+def _rows(lines: Iterable[str]) -> Iterable[tuple[int, str | list[str]]]:
+    """(byte offset, the ``# versions:`` list or a row's columns) of the catalogue file's lines."""
+    offset = 0
+    for raw in lines:
+        at = offset
+        offset += len(raw.encode("utf-8"))
+        line = raw.rstrip("\n")
+        if line.startswith("# versions:"):
+            yield at, [v.strip() for v in line.split(":", 1)[1].split(",") if v.strip()]
+            continue
+        if not line.strip() or line.startswith("#") or line == HEADER:
+            continue
+        yield at, line
+
+
+def _entry(line: str, shared: dict[str, tuple[str, ...]]) -> Entry | None:
+    cols = line.split("\t")
+    if len(cols) < 4:
+        return None
+    seen_text = cols[4] if len(cols) > 4 else ""
+    seen = shared.get(seen_text)
+    if seen is None:  # 42,000 rows name a few dozen sets of versions: one tuple each
+        seen = shared[seen_text] = tuple(sys.intern(v) for v in seen_text.split(",") if v)
+    return Entry(sys.intern(cols[0]), sys.intern(cols[1]), cols[2], cols[3], seen)
 
 
 def parse_catalogue(text: str | Iterable[str]) -> Catalogue:
-    """The catalogue file's text (or its lines, read as they come: the file is megabytes and
-    the daemon stays light): ``# versions: a==1, b==2`` comment lines, a header, then
-    ``family  level  pattern  origin  seen_in`` rows separated by tabs."""
-    entries = []
+    """The catalogue file's text (or its lines, read as they come): ``# versions: a==1,
+    b==2`` comment lines, a header, then ``family  level  pattern  origin  seen_in`` rows
+    separated by tabs."""
+    entries, versions, _offsets = _parse(text.splitlines(keepends=True) if isinstance(text, str) else text)
+    return Catalogue(entries, versions)
+
+
+def _parse(lines: Iterable[str]) -> tuple[list[Entry], list[str], list[int]]:
+    entries: list[Entry] = []
+    offsets: list[int] = []
     versions: list[str] = []
-    header_seen = False
-    shared: dict[str, tuple[str, ...]] = {}  # 42,000 rows name a few dozen sets of versions: one tuple each
-    for line in text.splitlines() if isinstance(text, str) else text:
-        line = line.rstrip("\n")
-        if line.startswith("#"):
+    shared: dict[str, tuple[str, ...]] = {}
+    for at, row in _rows(lines):
+        if isinstance(row, list):
+            versions = row
+            continue
+        entry = _entry(row, shared)
+        if entry is not None:
+            entries.append(entry)
+            offsets.append(at)
+    return entries, versions, offsets
+
+
+class FileRows(Sequence[Entry]):
+    """The catalogue file's rows, each read from the file (by its byte offset) when first
+    asked for and kept while few are (a crash's lines bring up a few thousand at most)."""
+
+    KEEP = 8192
+
+    def __init__(self, path: Path, offsets: Sequence[int]) -> None:
+        self._path = path
+        self._offsets = array("L", offsets)
+        self._kept: dict[int, Entry] = {}
+        self._shared: dict[str, tuple[str, ...]] = {}
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    @overload
+    def __getitem__(self, i: int) -> Entry: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Entry]: ...
+    def __getitem__(self, i: int | slice) -> Entry | Sequence[Entry]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        entry = self._kept.get(i)
+        if entry is None:
+            if len(self._kept) >= self.KEEP:
+                self._kept.clear()
+            with self._path.open("rb") as f:
+                f.seek(self._offsets[i])
+                entry = _entry(f.readline().decode("utf-8").rstrip("\n"), self._shared)
+            if entry is None:  # the index does not fit the file: cannot happen with a committed pair
+                raise IndexError(f"catalogue row {i} at byte {self._offsets[i]} is not a row")
+            self._kept[i] = entry
+        return entry
+
+
+def index_text(catalogue_text: str) -> str:
+    """The word index of a catalogue file's text: ``catalogue.idx``, made with it (``make
+    catalogue``) so that the daemon reads rows only when a line's words bring them up."""
+    entries, _versions, offsets = _parse(catalogue_text.splitlines(keepends=True))
+    index = build_index(entries)
+    size = len(catalogue_text.encode("utf-8"))
+    out = [f"# the word index of {CATALOGUE_FILE} ({len(entries)} rows, {size} bytes): generated by "
+           "scripts/catalogue/harvest.py; do not edit",
+           f"size\t{size}", "offsets\t" + ",".join(map(str, offsets)),
+           "unindexed\t" + ",".join(map(str, index.unindexed)), "tables\t" + ",".join(map(str, index.tables))]
+    out += [f"w\t{w}\t" + ",".join(map(str, rows)) for w, rows in sorted(index.by_word.items())]
+    return "\n".join(out) + "\n"
+
+
+def _numbers(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x)
+
+
+def _load_indexed(path: Path, index_file: Path) -> Catalogue | None:
+    """The committed catalogue through its index, or None when the index does not fit it."""
+    fields: dict[str, str] = {}
+    by_word: dict[str, tuple[int, ...]] = {}
+    with index_file.open(encoding="utf-8") as f:
+        for line in f:
+            kind, _, rest = line.rstrip("\n").partition("\t")
+            if kind == "w":
+                word, _, listed = rest.partition("\t")
+                by_word[sys.intern(word)] = _numbers(listed)
+            elif not kind.startswith("#"):
+                fields[kind] = rest
+    if int(fields.get("size", "-1")) != path.stat().st_size:
+        return None
+    versions: list[str] = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if not line.startswith("#"):
+                break
             if line.startswith("# versions:"):
                 versions = [v.strip() for v in line.split(":", 1)[1].split(",") if v.strip()]
-            continue
-        if not line.strip():
-            continue
-        cols = line.split("\t")
-        if not header_seen:
-            header_seen = True
-            if cols[0] == "family":
-                continue
-        if len(cols) < 4:
-            continue
-        seen = shared.setdefault(cols[4] if len(cols) > 4 else "", tuple(
-            sys.intern(s) for s in (cols[4].split(",") if len(cols) > 4 else ()) if s))
-        entries.append(Entry(sys.intern(cols[0]), sys.intern(cols[1]), cols[2], cols[3], seen))
-    return Catalogue(entries, versions)
+    rows = FileRows(path, _numbers(fields.get("offsets", "")))
+    index = Index(by_word, _numbers(fields.get("unindexed", "")), _numbers(fields.get("tables", "")))
+    return Catalogue(rows, versions, index)
 
 
 def parse_modules(text: str) -> tuple[tuple[str, str], ...]:
@@ -348,11 +474,19 @@ def _read(name: str) -> str:
 
 @cache
 def catalogue() -> Catalogue:
-    """The committed catalogue (read once, line by line)."""
+    """The committed catalogue: through its index, its rows read when a line's words bring
+    them up (a few MB, not the 60 of all its entries); read whole only where the index is
+    missing or does not fit the file."""
+    data = resources.files("supervisor.core").joinpath(DATA)
     try:
-        with resources.files("supervisor.core").joinpath(DATA, CATALOGUE_FILE).open("r", encoding="utf-8") as f:
+        path, index_file = Path(str(data.joinpath(CATALOGUE_FILE))), Path(str(data.joinpath(INDEX_FILE)))
+        if path.is_file() and index_file.is_file():
+            indexed = _load_indexed(path, index_file)
+            if indexed is not None:
+                return indexed
+        with data.joinpath(CATALOGUE_FILE).open("r", encoding="utf-8") as f:
             return parse_catalogue(f)
-    except (FileNotFoundError, OSError):
+    except (FileNotFoundError, OSError, ValueError):
         return Catalogue(())
 
 
