@@ -25,10 +25,12 @@ from __future__ import annotations
 import re
 import sys
 from array import array
-from collections.abc import Iterable, Sequence
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
+from itertools import chain
 from pathlib import Path
 from typing import overload
 
@@ -170,14 +172,35 @@ class Match:
     values: tuple[str, ...] = ()  # what its placeholders held in the line
 
 
-@dataclass(frozen=True, slots=True)
 class Index:
-    """Which rows a line's words bring up: each entry under one rare word of its head
-    (``by_word``), the few with no word (``unindexed``), and the error tables' rows."""
+    """Which rows a line's words bring up: each entry under one rare word of its head, the
+    few with no word (``unindexed``), and the error tables' rows. The words are one sorted
+    list and the rows of all of them one flat array (a word's rows are a slice of it): the
+    daemon holds about 1 MB for 42,000 rows, not the megabytes of a dict of tuples of ints."""
 
-    by_word: dict[str, tuple[int, ...]]
-    unindexed: tuple[int, ...]
-    tables: tuple[int, ...]
+    def __init__(self, by_word: Iterable[tuple[str, Iterable[int]]], unindexed: Iterable[int],
+                 tables: Iterable[int]) -> None:
+        self._words: list[str] = []
+        self._starts = array("I", [0])
+        self._rows = array("I")
+        for word, rows in by_word:  # sorted by word
+            if self._words and word <= self._words[-1]:
+                raise ValueError(f"catalogue index: {word!r} is out of order")
+            self._words.append(word)
+            self._rows.extend(rows)
+            self._starts.append(len(self._rows))
+        self.unindexed = tuple(unindexed)
+        self.tables = tuple(tables)
+
+    def rows(self, word: str) -> Sequence[int]:
+        at = bisect_left(self._words, word)
+        if at == len(self._words) or self._words[at] != word:
+            return ()
+        return self._rows[self._starts[at]:self._starts[at + 1]]
+
+    def words(self) -> list[tuple[str, Sequence[int]]]:
+        """Every word with its rows, sorted by word."""
+        return [(w, self.rows(w)) for w in self._words]
 
 
 def build_index(entries: Sequence[Entry]) -> Index:
@@ -195,8 +218,8 @@ def build_index(entries: Sequence[Entry]) -> Index:
             continue
         key = min(ws, key=lambda w: (frequency[w], -len(w), w))
         by_word.setdefault(key, []).append(i)
-    tables = tuple(i for i, e in enumerate(entries) if e.level == "table")
-    return Index({w: tuple(rows) for w, rows in by_word.items()}, tuple(unindexed), tables)
+    tables = (i for i, e in enumerate(entries) if e.level == "table")
+    return Index(sorted(by_word.items()), unindexed, tables)
 
 
 class Catalogue:
@@ -219,7 +242,7 @@ class Catalogue:
         rows = self.entries
         found: list[Entry] = [rows[i] for i in self._index.unindexed]
         for w in _words(normalised):
-            found.extend(rows[i] for i in self._index.by_word.get(w, ()))
+            found.extend(rows[i] for i in self._index.rows(w))
         return found
 
     def match(self, line: str, *, families: frozenset[str] | None = None, tables: bool = False) -> Match | None:
@@ -382,7 +405,7 @@ class FileRows(Sequence[Entry]):
 
     def __init__(self, path: Path, offsets: Sequence[int]) -> None:
         self._path = path
-        self._offsets = array("L", offsets)
+        self._offsets = array("I", offsets)
         self._kept: dict[int, Entry] = {}
         self._shared: dict[str, tuple[str, ...]] = {}
 
@@ -419,28 +442,38 @@ def index_text(catalogue_text: str) -> str:
            "scripts/catalogue/harvest.py; do not edit",
            f"size\t{size}", "offsets\t" + ",".join(map(str, offsets)),
            "unindexed\t" + ",".join(map(str, index.unindexed)), "tables\t" + ",".join(map(str, index.tables))]
-    out += [f"w\t{w}\t" + ",".join(map(str, rows)) for w, rows in sorted(index.by_word.items())]
+    out += [f"w\t{w}\t" + ",".join(map(str, rows)) for w, rows in index.words()]
     return "\n".join(out) + "\n"
 
 
-def _numbers(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x)
+def _numbers(text: str) -> array[int]:
+    return array("I", (int(x) for x in text.split(",") if x))
 
 
 def _load_indexed(path: Path, index_file: Path) -> Catalogue | None:
-    """The committed catalogue through its index, or None when the index does not fit it."""
+    """The committed catalogue through its index, or None when the index does not fit it.
+    The index's word lines (sorted, after its other lines) are read into the index as they
+    come: no list of them is held."""
     fields: dict[str, str] = {}
-    by_word: dict[str, tuple[int, ...]] = {}
     with index_file.open(encoding="utf-8") as f:
+        first_word = ""
         for line in f:
             kind, _, rest = line.rstrip("\n").partition("\t")
             if kind == "w":
-                word, _, listed = rest.partition("\t")
-                by_word[sys.intern(word)] = _numbers(listed)
-            elif not kind.startswith("#"):
+                first_word = rest
+                break
+            if not kind.startswith("#"):
                 fields[kind] = rest
-    if int(fields.get("size", "-1")) != path.stat().st_size:
-        return None
+        if int(fields.get("size", "-1")) != path.stat().st_size:
+            return None
+
+        def word_lines() -> Iterator[tuple[str, array[int]]]:
+            for text in chain((first_word,), (line.rstrip("\n").partition("\t")[2] for line in f)):
+                if text:
+                    word, _, listed = text.partition("\t")
+                    yield word, _numbers(listed)
+
+        index = Index(word_lines(), _numbers(fields.get("unindexed", "")), _numbers(fields.get("tables", "")))
     versions: list[str] = []
     with path.open(encoding="utf-8") as f:
         for line in f:
@@ -448,9 +481,7 @@ def _load_indexed(path: Path, index_file: Path) -> Catalogue | None:
                 break
             if line.startswith("# versions:"):
                 versions = [v.strip() for v in line.split(":", 1)[1].split(",") if v.strip()]
-    rows = FileRows(path, _numbers(fields.get("offsets", "")))
-    index = Index(by_word, _numbers(fields.get("unindexed", "")), _numbers(fields.get("tables", "")))
-    return Catalogue(rows, versions, index)
+    return Catalogue(FileRows(path, _numbers(fields.get("offsets", ""))), versions, index)
 
 
 def parse_modules(text: str) -> tuple[tuple[str, str], ...]:
