@@ -76,12 +76,16 @@ def render(r: dict[str, Any]) -> str:
         t = "-" if kind == "foreign_server" else (
             f"{_s(_med(times))} / {_s(max(times) if times else None)}" + (f" ({never} never)" if never else ""))
         failed = sum(f["failed"] for f in fs)
+        away = sum(f.get("failed_router_away", 0) for f in fs)
+        cell = (f"**{failed}**" if failed else "0") + (f" ({away} while the router was away)" if away else "")
         lines.append(f"| {WHAT.get(kind, kind)} | {len(fs)} | {t} | {sum(f['requests_in_window'] for f in fs)} | "
-                     + (f"**{failed}**" if failed else "0") + " |")
+                     + cell + " |")
     lines += [
         "",
         f"Requests: {q['ok']:,} ok, {q['failed']:,} failed: {q['failed_in_hang_windows']} within a hang's window, "
-        f"{q['failed_in_other_windows']} within another fault's window, {q['unattributed']} outside every window.",
+        f"{q.get('failed_router_away', 0)} while the router was away (killed, until the daemon's next reconcile "
+        f"put the servers back in), {q['failed_in_other_windows']} within another fault's window, "
+        f"{q['unattributed']} outside every window.",
         "",
         f"Alerts: {a['logged']} logged by the daemon, {a['received']} received by the subscriber (distinct ids); "
         f"**{a['lost']} lost, {a['duplicates']} duplicated** by id.",
@@ -101,6 +105,13 @@ def render(r: dict[str, Any]) -> str:
     pct = d.get("rss_change_pct")
     lines.append(f"| RSS (MiB) | {s.get('rss_kb', 0) / 1024:.1f} | {e.get('rss_kb', 0) / 1024:.1f} | "
                  + (f"{pct:+.1f} %" if pct is not None else "-") + " |")
+    warm, wpct = d.get("rss_warm_base") or {}, d.get("rss_warm_change_pct")
+    if warm:
+        lines.append(f"| RSS (MiB), from the warm sample | {warm.get('rss_kb', 0) / 1024:.1f} | "
+                     f"{e.get('rss_kb', 0) / 1024:.1f} | " + (f"{wpct:+.1f} %" if wpct is not None else "-") + " |")
+        lines += ["", "The first crash a daemon diagnoses loads SGLang's message catalogue "
+                  "(`supervisor/core/catalogue.py`, about 60 MB, once): the warm sample is the daemon's "
+                  "first 10 s after it (the last daemon's, when it was started again)."]
     if len(d.get("incarnations", [])) > 1:
         lines += ["", f"The daemon was SIGKILLed and started again {len(d['incarnations']) - 1} time(s): "
                   "\"start\" is the first daemon's, \"end\" the last one's."]
