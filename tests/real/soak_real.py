@@ -578,12 +578,13 @@ class Night:
     def run(self) -> None:
         end = self.t_start + self.minutes * 60
         deck: list[str] = []
-        foreign_at = self.t_start + self.rng.uniform(10.0, min(60.0, self.minutes * 20))
+        foreign_in = self.rng.uniform(10.0, min(60.0, self.minutes * 20))
         next_at = self.t_start + self.rng.uniform(*GAP_S)
+        # the foreign server comes at its time whatever a fault's recovery is doing then
+        self._foreign_timer = threading.Timer(foreign_in, self.start_foreign)
+        self._foreign_timer.start()
         while True:
             now = time.monotonic()
-            if self.foreign is None and now >= foreign_at:
-                self.start_foreign()
             if self.foreign is not None:
                 self.note_foreign_tree()
             if now >= end:
@@ -605,6 +606,8 @@ class Night:
     # -- the end
 
     def finish(self) -> dict[str, Any]:
+        self._foreign_timer.cancel()
+        self._foreign_timer.join(60)
         self.note_foreign_tree()
         self.watch.sample()
         res_end = dict(self.watch.samples[-1]) if self.watch.samples else {}
@@ -679,6 +682,9 @@ class Night:
                 "by_kind": dict(Counter(k[1] for k in logged.elements()))}
 
     def _teardown(self) -> None:
+        if hasattr(self, "_foreign_timer"):
+            self._foreign_timer.cancel()
+            self._foreign_timer.join(60)
         self._unmount()
         for d in self.daemons:
             if d.proc.poll() is None:
