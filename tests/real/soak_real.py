@@ -749,15 +749,18 @@ class Night:
             if not s:
                 continue
             # the first crash diagnosed loads the message catalogue (supervisor/core/catalogue.py,
-            # ~60 MB, once): "warm" is the first sample 10 s after it
-            crashes = [float(e["mono"]) for e in read_events(d.log_path) if e.get("event") == "crash"]
-            warm = next((x for x in s if crashes and x["t"] >= crashes[0] + 10.0), None)
+            # ~60 MB, once): "warm" is the first sample 10 s after it, or (no crash) 10 s after
+            # the daemon's first server was READY
+            events = read_events(d.log_path)
+            marks = [float(e["mono"]) for e in events if e.get("event") == "crash"][:1] or \
+                [float(e["mono"]) for e in events if e.get("event") == "server_ready"][:1]
+            warm = next((x for x in s if marks and x["t"] >= marks[0] + 10.0), None)
             incarnations.append({"pid": d.proc.pid, "first": s[0], "warm": warm, "last": s[-1], "samples": len(s),
                                  "rss_mb_every_30s": [round(x["rss_kb"] / 1024, 1) for x in s[::30]]})
         rss0 = self.res_start.get("rss_kb") or 0
         rss1 = res_end.get("rss_kb") or 0
         last = incarnations[-1] if incarnations else {}
-        base = last.get("warm") or last.get("first") or {}
+        base = last.get("warm") or {}
         end = last.get("last") or {}
         warm_pct = (round(100.0 * (end["rss_kb"] - base["rss_kb"]) / base["rss_kb"], 2)
                     if base.get("rss_kb") and end.get("rss_kb") and end["t"] - base["t"] >= 30 else None)
