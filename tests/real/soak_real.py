@@ -73,6 +73,8 @@ FOREIGN = "foreign_server"
 # Faults whose window may cost requests (the server hangs with requests in it); every other
 # fault must cost none.
 MAY_FAIL = frozenset({"sigstop_scheduler"})
+# Faults after which the daemon alerts (a server down, its crash, its restart)
+ALERTING = frozenset({"sigkill_scheduler", "sigkill_main", "sigkill_detokenizer", "sigstop_scheduler"})
 GAP_S = (45.0, 90.0)
 # Knobs for developing the harness only (the night itself runs at the defaults):
 # SOAK_GAP="10-20" shortens the gaps, SOAK_FAULTS="daemon_kill,router_restart" narrows the deck.
