@@ -289,14 +289,26 @@ class Watch:
         self._stop.set()
         self._thread.join(10)
 
-    def leftovers(self) -> list[str]:
-        left = []
-        for pid, (created, name, under) in list(self.seen.items()):
-            with contextlib.suppress(psutil.Error):
-                p = psutil.Process(pid)
-                if abs(p.create_time() - created) < 0.5:
-                    left.append(f"{pid} {name} ({p.status()}, under the {under})")
-        return left
+    def leftovers(self, wait_s: float = 10.0) -> list[str]:
+        """Seen processes still there (zombies too) after ``wait_s`` (the suite's own end-of-run
+        check, tests/leftovers.py, waits as long: a parent may be about to reap its child)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            left = []
+            for pid, (created, name, under) in list(self.seen.items()):
+                with contextlib.suppress(psutil.Error):
+                    p = psutil.Process(pid)
+                    if abs(p.create_time() - created) < 0.5:
+                        parent = p.ppid()
+                        with contextlib.suppress(psutil.Error):
+                            parent_name = psutil.Process(parent).name()
+                            left.append(f"{pid} {name} ({p.status()}, under the {under}; parent {parent} "
+                                        f"{parent_name})")
+                            continue
+                        left.append(f"{pid} {name} ({p.status()}, under the {under}; parent {parent})")
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.5)
 
 
 # --- the fault record ---------------------------------------------------------------------------
