@@ -90,7 +90,9 @@ def render(r: dict[str, Any]) -> str:
         f"Alerts: {a['logged']} logged by the daemon, {a['received']} received by the subscriber (distinct ids); "
         f"**{a['lost']} lost, {a['duplicates']} duplicated** by id.",
         "",
-        f"Processes left at the end: {len(r['leftovers'])}. The foreign SGLang "
+        f"Processes left at the end: {len(r['leftovers'])}"
+        + (" (" + "; ".join(f"`{x}`" for x in r["leftovers"][:5]) + ")" if r["leftovers"] else "")
+        + ". The foreign SGLang "
         + (f"(pid {fo['pid']}, {fo['processes_seen']} processes): "
            + ("untouched (every process alive at the end, none killed by the daemon), then reaped by the harness."
               if fo.get("untouched") else f"**touched**: {json.dumps(fo)}")
