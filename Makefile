@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-sim
 TEST_STAMP = $(VENV)/.installed-test
 
-.PHONY: demo test chaos bench venv system-deps clean real-sglang e2e catalogue
+.PHONY: demo test chaos bench venv system-deps clean real-sglang e2e catalogue soak-real
 
 # The demo needs the package, its [sim] extra (the simulator) and [report] (matplotlib, for the
 # night's report it writes at the end); the tests also need [test].
@@ -53,6 +53,15 @@ e2e: $(TEST_STAMP) real-sglang
 	@start=$$(date +%s); \
 	  $(PY) -m pytest -q -ra tests/real -p no:cacheprovider; \
 	  status=$$?; echo "e2e tier: $$(( $$(date +%s) - start )) s wall"; exit $$status
+
+# A real night, compressed (tests/real/soak_real.py): two real SGLang servers owned by one daemon behind
+# the real router, a real mosquitto, a client at concurrency 2, a fault every 45-90 s for SOAK_MINUTES
+# (30; SOAK_SEED picks the night, printed). Holds the host's real-SGLang lock; the results go to
+# .soak/results.json and a table; `python -m tests.real.soak_report .soak/results.json -o docs/reliability.md`
+# puts them in docs/reliability.md.
+soak-real: $(TEST_STAMP) system-deps real-sglang
+	mkdir -p .soak
+	flock /tmp/real-sglang.lock $(PY) -m tests.real.soak_real --minutes $${SOAK_MINUTES:-30} --out .soak/results.json
 
 # The message catalogue and the module table (issue 23, docs/catalogue.md), regenerated from the pinned
 # releases of scripts/catalogue/sources.toml; the wheels it lacks are downloaded into

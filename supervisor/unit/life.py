@@ -87,14 +87,25 @@ class ServerLife:
         self._watch: asyncio.Task[ExitStatus] | None = None
         self._probes: set[asyncio.Task[Any]] = set()
         self._kv: KvReader | None = None
+        self._retired: list[Prober | KvReader] = []  # replaced by a reload, to be closed
         self._spotted_at = -math.inf
         self._least_free: tuple[float, ...] = ()  # GB per GPU since this launch (``least_free``)
         self._least_free_of: str | None = None  # the launch they are of
 
     def reload(self, cfg: Config) -> None:
         self.cfg = cfg
-        self._prober = None  # a changed port or path is probed from the next probe on
+        # A changed port or path is probed from the next probe on. The old HTTP sessions are
+        # closed by the next probe (one may be in flight now) or at close: dropped unclosed,
+        # aiohttp prints "Unclosed client session" on stderr, in the JSON log (the real soak).
+        self._retired += [old for old in (self._prober, self._kv) if old is not None]
+        self._prober = None
         self._kv = None
+
+    async def _close_retired(self) -> None:
+        retired, self._retired = self._retired, []
+        for old in retired:
+            with contextlib.suppress(Exception):  # a session that cannot close is no reason to stop probing
+                await old.aclose()
 
     # -- spawn ------------------------------------------------------------------------------
 
@@ -222,6 +233,8 @@ class ServerLife:
         if task is not None:
             self._probes.add(task)
             task.add_done_callback(self._probes.discard)
+        if self._retired and self._probes <= {task}:  # no other probe is using them
+            await self._close_retired()
         if self._prober is None:
             self._prober = self._new_prober()
         server = self.server
@@ -292,6 +305,7 @@ class ServerLife:
             await self._prober.aclose()
         if self._kv is not None:
             await self._kv.aclose()
+        await self._close_retired()
         self._facts = None
 
     # -- what the state file keeps ----------------------------------------------------------

@@ -246,7 +246,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.output is None:
         sys.stdout.write(text)
     else:
-        args.output.write_text(text, encoding="utf-8")
+        # the real night's section (tests/real/soak_report.py) is not ours to drop
+        from tests.real.soak_report import kept_section
+
+        kept = kept_section(args.output.read_text(encoding="utf-8")) if args.output.exists() else ""
+        args.output.write_text(text + ("\n" + kept if kept else ""), encoding="utf-8")
     return 0
 
 
