@@ -143,6 +143,23 @@ def test_sigquit_from_a_child_is_not_a_cause() -> None:
     assert d.cause is Cause.OTHER
 
 
+def test_the_crash_report_helpers_failing_are_not_a_cuda_error() -> None:
+    """SGLang 0.5.23 dumps its schedulers with py-spy before it kills its tree (on by default,
+    SGLANG_PYSPY_DUMP_BEFORE_CRASH). Without py-spy it logs that at error level, from
+    srt/utils/cudacore_pyspy_dump_utils.py: the "cuda" in the module's name once filed the
+    helper's own words under cuda.other, and a detokenizer SIGKILLed on a CPU host read as
+    a CUDA error (found by the real soak). The helpers report on their own tools: no cause."""
+    log = (
+        "[2026-12-02 04:00:00] Received sigquit from a child process. It usually means the child failed.\n"
+        "[2026-12-02 04:00:00] Pyspy failed (py-spy dump --native --pid 4242). Error: /bin/sh: 1: py-spy: not found\n"
+        "[2026-12-02 04:00:00] All pyspy dump attempts failed for PID 4242.\n"
+        "[2026-12-02 04:00:01] No sglang scheduler processes found for CUDA coredump.\n"
+    )
+    d = diagnose(log, exit_status=ExitStatus(signal=9), phase=Phase.SERVING)
+    assert d.cause is Cause.OTHER, d
+    assert not any("cuda" in e.lower() and "coredump" not in e.lower() for e in d.evidence), d.evidence
+
+
 @pytest.mark.parametrize(
     "record",
     [

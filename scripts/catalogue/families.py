@@ -360,6 +360,10 @@ def classify(pattern: str, level: str, exc: str, module: str, subsystem: str | N
 # --------------------------------------------------------------------------- the module table
 
 SUBSYSTEM_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((name, re.compile(rx)) for name, rx in (
+    # the stack's crash-report helpers (py-spy dumps, CUDA core dumps, debug dumps): they run
+    # after a failure and report on their own tools ("Pyspy failed ... py-spy: not found"); a
+    # "cuda" in their name (sglang's cudacore_pyspy_dump_utils.py) is not the CUDA subsystem
+    ("other", r"(?:^|/)\w*(?:pyspy|py_spy|coredump|core_dump|crash_dump|debug_dump)\w*\.py$"),
     # generic plumbing a traceback passes through (the diagnosis skips these frames)
     ("dispatch", r"^torch/(?:_ops\.py|nn/modules/module\.py|utils/_contextlib\.py|_dynamo/|_compile\.py|autograd/|"
                  r"_tensor\.py|overrides\.py|fx/|_functorch/|_higher_order_ops/|utils/_python_dispatch\.py|"
