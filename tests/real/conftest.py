@@ -22,6 +22,7 @@ _HERE = Path(__file__).resolve().parent
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "real: launches a real SGLang server on the CPU (make e2e)")
+    config.addinivalue_line("markers", "soak: the real night, compressed (make soak-real); not in make test yet")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -6,7 +6,12 @@ client at concurrency 2 through the router, a fault every 45-90 s. The goals: re
 only within the window of a hang (how many is reported), none for any other fault and none
 outside a fault's window; every fault recovered; 0 alerts lost or duplicated (by id); 0
 processes left; the foreign SGLang untouched; the daemon's RSS within 5 % (of its warm
-sample: the first crash it diagnoses loads the message catalogue, ~60 MB, once).
+sample: the first crash it diagnoses loads the message catalogue's index, ~4 MB, once).
+
+Marked ``soak``: ``make test`` leaves it out for now (``make soak-real SOAK_MINUTES=5`` runs
+it): with it the suite would pass 60 minutes here, and a night that draws "the daemon
+SIGKILLed and started again" fails its goal (the new daemon kills both old servers at
+once: no server behind the router for minutes), a defect still open.
 
 It holds the host-wide real-SGLang lock for the whole night. A missing component (mosquitto,
 the router, SGLang) fails the test, never skips. Every port is a free one (xdist-safe).
@@ -25,6 +30,7 @@ from tests.real import soak_real
 from tests.real.sglang_env import RealSGLang
 
 MINUTES = float(os.environ.get("SOAK_MINUTES", "5"))
+pytestmark = pytest.mark.soak
 
 
 @pytest.mark.timeout(int(MINUTES * 60) + 1200)  # setup, the last fault's recovery, teardown
