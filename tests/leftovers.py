@@ -31,10 +31,22 @@ LEFTOVER_WAIT_S = 10.0
 
 def pytest_configure(config: pytest.Config) -> None:
     """Tag this run: every process the tests start inherits ``RUN_VAR`` (the daemons pass it
-    on to their servers through ``tests/harness.py``'s configs)."""
+    on to their servers through ``tests/harness.py``'s configs).
+
+    Under pytest-xdist each worker tags its processes ``<run>.<worker>`` (the run's tag is
+    the controller's, inherited): a worker that finishes first judges only what it started,
+    never the other worker's live servers, and the controller, last, judges all of them."""
     import uuid
 
-    os.environ.setdefault(RUN_VAR, uuid.uuid4().hex)
+    run_id = os.environ.setdefault(RUN_VAR, uuid.uuid4().hex)
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker:
+        os.environ[RUN_VAR] = f"{run_id.split('.')[0]}.{worker}"
+
+
+def _tagged_by(tag: str | None, run_id: str) -> bool:
+    """A process tag of this run: the run's own, or (the controller's view) one of its workers'."""
+    return bool(tag) and (tag == run_id or tag.startswith(run_id + "."))
 
 
 def _run_processes(run_id: str, basetemp: str | None) -> list[psutil.Process]:
@@ -47,7 +59,7 @@ def _run_processes(run_id: str, basetemp: str | None) -> list[psutil.Process]:
         if p.pid == me or p.pid in found:
             continue
         try:
-            if p.environ().get(RUN_VAR) == run_id or (basetemp and (p.cwd() + os.sep).startswith(basetemp + os.sep)):
+            if _tagged_by(p.environ().get(RUN_VAR), run_id) or (basetemp and (p.cwd() + os.sep).startswith(basetemp + os.sep)):
                 found[p.pid] = p
         except psutil.Error:
             continue
@@ -83,7 +95,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         with contextlib.suppress(psutil.Error):
             described.append(f"pid {p.pid} {p.name()}: {' '.join(p.cmdline())[:160]}")
             p.kill()
-    _record(described)
+    _record(described, getattr(session.config, "workerinput", {}).get("workerid"))
     if not left:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
@@ -96,10 +108,32 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def _record(described: list[str]) -> None:
-    """The run's end as one line in ``$CHAOS_RESULTS`` (docs/reliability.md says it), if set."""
+def _record(described: list[str], worker: str | None) -> None:
+    """The run's end as one line in ``$CHAOS_RESULTS`` (docs/reliability.md says it), if set.
+
+    Under pytest-xdist every worker and then the controller write one: each counts what it
+    found and killed, so their sum is the run's (tests/chaos/report.py adds them up)."""
     path = os.environ.get("CHAOS_RESULTS")
     if not path:
         return
-    with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps({"kind": "run_end", "leftovers": len(described), "described": described}) + "\n")
+    record = {"kind": "run_end", "leftovers": len(described), "described": described}
+    if worker:
+        record["worker"] = worker
+    with contextlib.suppress(OSError):
+        append_line(path, json.dumps(record))
+
+
+def append_line(path: str, line: str) -> None:
+    """One line appended whole even when pytest-xdist workers append to the same file at once:
+    one ``write`` on an ``O_APPEND`` descriptor, under an exclusive ``flock``."""
+    import fcntl
+
+    data = (line.rstrip("\n") + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)  # releases the lock

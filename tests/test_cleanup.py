@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -93,7 +94,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-MARK = "0123456789abcdef0123"
+MARK = uuid.uuid4().hex[:20]  # this run's own: a parallel worker or another checkout's run never shares it
 
 
 async def test_orphan_scheduler_is_killed_then_the_gpu_is_free(spawn: Spawn, sim_dir: Path) -> None:

@@ -33,6 +33,7 @@ from conftest import wait_until
 from harness import DaemonHung, DaemonRun, ProcessWatch, overdue_line, write_config
 
 from supervisor.core.events import ALERT_KINDS
+from tests.leftovers import append_line
 
 TRIALS = int(os.environ.get("CHAOS_TRIALS", "2"))
 RESULTS_ENV = "CHAOS_RESULTS"
@@ -48,8 +49,7 @@ def record_result(record: dict[str, Any]) -> None:
     if not path:
         return
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record, default=str) + "\n")
+    append_line(path, json.dumps(record, default=str))  # whole lines, with pytest-xdist workers appending too
 
 
 # --- the JSON log, read incrementally -------------------------------------------------------

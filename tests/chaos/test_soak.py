@@ -1,7 +1,10 @@
 """The soak: SOAK_CYCLES crash -> restart cycles of the fast simulator in one daemon.
 
-The server exits 0.25 s after it is ready (``--sim-fail exit0``, long enough for a probe to
-see it serve; no backoff, an endless crash budget), so the daemon runs its whole path over
+The server exits 0.75 s after it is ready (``--sim-fail exit0``, long enough for a probe to
+see it serve even on a busy machine: a probe is a round trip through the simulator's
+scheduler process, and with the tiers on two pytest-xdist workers beside other work 0.25 s
+let 2 of 30 crashes come before the daemon saw the server ready; no backoff, an endless
+crash budget), so the daemon runs its whole path over
 and over: launch, probe, ready, crash, diagnose, decide, persist, alert (real mosquitto),
 clear, preflight. A cycle is one crash. Open fds, threads and RSS of the
 daemon are read from /proc at the start, the middle and the end (each the peak over a
@@ -72,7 +75,7 @@ def test_soak_crash_restart_cycles_keep_resources_flat(tmp_path: Path, broker: A
             "mqtt": {"enabled": True, "host": broker.host, "port": broker.port, "topic_prefix": "chaos",
                      "instance": instance, "reconnect_initial_s": 0.2, "reconnect_max_s": 1.0},
         },
-        sim_args=("--sim-fail", "exit0", "--sim-fail-after-s", "0.25", "--sim-load-s", "0.02"),
+        sim_args=("--sim-fail", "exit0", "--sim-fail-after-s", "0.75", "--sim-load-s", "0.02"),
     )
     port = int(next(line.split("=")[1] for line in cfg.read_text().splitlines() if line.startswith("port =")))
     watch = ProcessWatch(port, gpu_dir=tmp_path / "gpus", interval=0.2)
