@@ -72,9 +72,11 @@ PROBATION_S = 40.0
 STOP_GRACE_S = 60.0  # a climb drains: the in-flight long decodes finish first
 
 # KV pressure: long decodes of tiny prompts. Round robin gives ``a`` about half; at 0.81 its
-# 11,001-token pool holds ~7 of them at their end, so ~10 retract. A retracted request is
-# prefilled again only when others finish (seconds later): by then the climb has begun.
-PRESSURE_CLIENTS = 20
+# 11,001-token pool holds ~7 of them at their end, so several retract. A retracted request is
+# prefilled again only when others finish (seconds later): by then the climb has begun. (With
+# 20, ``a`` once peaked at 9 running and 8,760 tokens on a loaded machine, retracted nothing
+# and never climbed: 26 leaves margin.)
+PRESSURE_CLIENTS = 26
 PRESSURE_MAX_NEW = 1500
 STEADY_CLIENTS = 2
 
