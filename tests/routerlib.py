@@ -21,9 +21,10 @@ from conftest import free_port, wait_until
 START_S = 30.0  # the router listens within ~0.5 s; the simulator within a few (2 shared cores)
 
 
-def _status(url: str) -> int | None:
+def http_status(url: str, timeout: float = 2.0) -> int | None:
+    """The HTTP status ``url`` answers with, None when nothing answers."""
     try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
             resp.read()
             return int(resp.status)
     except urllib.error.HTTPError as exc:
@@ -52,7 +53,7 @@ class Proc:
         def up() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"{what} exited with {self.proc.returncode}:\n{self.text()[-3000:]}")
-            return _status(url) == 200
+            return http_status(url) == 200
         try:
             wait_until(up, timeout=START_S, interval=0.05, what=f"{what} to answer {url}")
         except AssertionError as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from dataclasses import replace
+from operator import attrgetter
 from typing import Any
 
 from supervisor.core import capacity, policy
@@ -458,7 +459,7 @@ def _record_lacks(model: capacity.MemoryModel, advice: FleetAdvice) -> bool:
     """The fleet's record lacks what this model knows (a point, a higher peak, a kept climb)."""
     if model.key != advice.key:
         return False
-    by_fraction = lambda p: p.fraction  # noqa: E731
+    by_fraction = attrgetter("fraction")
     if sorted(capacity.merge_points(advice.points, model.points), key=by_fraction) != sorted(advice.points, key=by_fraction):
         return True
     kept = model.kept

@@ -58,12 +58,13 @@ for _p in (str(REPO), str(REPO / "tests"), str(REPO / "tests" / "chaos")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from conftest import free_port  # noqa: E402
+from conftest import free_port, wait_until  # noqa: E402
 from harness import DaemonRun, merge_servers, read_events  # noqa: E402
 
 from supervisor.core.events import ALERT_KINDS  # noqa: E402
 from tests.real import nights  # noqa: E402
 from tests.real.sglang_env import RealSGLang, load  # noqa: E402
+from tests.routerlib import http_status  # noqa: E402
 
 FAULTS = (
     "sigkill_scheduler", "sigkill_main", "sigkill_detokenizer", "sigstop_scheduler", "rolling_restart",
@@ -189,28 +190,6 @@ class Proc:
             self.proc.wait(timeout=30)
 
 
-def http_status(url: str, timeout: float = 3.0) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            r.read()
-            return int(r.status)
-    except urllib.error.HTTPError as e:
-        return int(e.code)
-    except (OSError, ValueError):
-        return None
-
-
-def wait(pred: Any, timeout: float, what: str, interval: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout:g} s")
-        time.sleep(interval)
-
-
 def router_argv(port: int) -> list[str]:
     import importlib.util
 
@@ -238,7 +217,7 @@ def part_of(main: int, prefix: str, timeout: float = 30.0) -> psutil.Process:
             except psutil.Error:
                 continue
         return None
-    return wait(find, timeout, f"{prefix} under pid {main}", 0.1)
+    return wait_until(find, timeout, 0.1, f"{prefix} under pid {main}")
 
 
 def resources(pid: int) -> dict[str, int] | None:
@@ -395,7 +374,7 @@ class Night:
         self._start_daemon()
         self._wait_serving(time.monotonic(), READY_S, "the first start")
         self.clients = Clients(self.router_url, 2)
-        wait(lambda: self.clients.ok_since(0) > 0, 60, "a first request through the router")
+        wait_until(lambda: self.clients.ok_since(0) > 0, 60, 0.2, "a first request through the router")
         time.sleep(3.0)
         self.watch.sample()
         self.res_start = dict(self.watch.samples[-1])
@@ -409,8 +388,8 @@ class Night:
     def _start_router(self) -> Proc:
         p = Proc(router_argv(self.router_port), self.tmp / "router.log")
         try:
-            wait(lambda: p.alive() and http_status(self.router_url + "/health") == 200, 30, "the router", 0.05)
-        except TimeoutError:
+            wait_until(lambda: p.alive() and http_status(self.router_url + "/health") == 200, 30, 0.05, "the router")
+        except AssertionError:  # wait_until's timeout
             tail = (self.tmp / "router.log").read_text(errors="replace")[-2000:]
             p.stop()
             raise SoakSetupError(f"the router did not answer on {self.router_url}:\n{tail}") from None
@@ -440,7 +419,7 @@ class Night:
             return all(self.ready_after(n, t0) for n in names) and self.listed()
         if not names and what == "the first start":
             names = SERVERS
-        wait(up, timeout, f"serving again after {what}", 0.25)
+        wait_until(up, timeout, 0.25, f"serving again after {what}")
         return time.monotonic()
 
     def main_of(self, name: str) -> int:
@@ -507,8 +486,8 @@ class Night:
         f.detail["flag"] = f"--max-running-requests {value}"
         f.t0 = time.monotonic()
         self.d.proc.send_signal(signal.SIGHUP)
-        ev = wait(lambda: [e for e in self.d.find("config_reloaded") if float(e.get("mono", 0)) > f.t0],
-                  30, "config_reloaded")[0]
+        ev = wait_until(lambda: [e for e in self.d.find("config_reloaded") if float(e.get("mono", 0)) > f.t0],
+                        30, 0.2, "config_reloaded")[0]
         f.detail["reloaded_ok"] = ev.get("ok")
         if not ev.get("ok"):
             raise AssertionError(f"the reload was refused: {ev}")
