@@ -20,9 +20,20 @@ from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
 _ENTER = "import os, sys; open(sys.argv[1], 'w').write(str(os.getpid())); os.execvp(sys.argv[2], sys.argv[2:])"
+# The hog keeps out of the OOM killer's choice and stops at the kernel's first kill: while
+# the victim's memory is torn down, more allocation would make a second victim (the
+# detokenizer, whose pidfd can fire before the bigger scheduler's), not the one chosen.
 _HOG = (
-    "import sys, time; open(sys.argv[1], 'w').write(str(__import__('os').getpid())); b = []\n"
-    "while True:\n    b.append(bytearray(8 << 20)); time.sleep(0.005)"
+    "import os, sys, time\n"
+    "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+    "open('/proc/self/oom_score_adj', 'w').write('-1000')\n"
+    "def kills():\n"
+    "    for line in open(sys.argv[2]).read().splitlines():\n"
+    "        if line.startswith('oom_kill '): return int(line.split()[1])\n"
+    "    return 0\n"
+    "first, b = kills(), []\n"
+    "while kills() == first:\n    b.append(bytearray(8 << 20)); time.sleep(0.005)\n"
+    "time.sleep(3600)"
 )
 
 
@@ -90,7 +101,8 @@ class MemoryCgroup:
         self._write(self._limit_file, "max" if self.v2 else str(16 << 30))
 
     def hog(self) -> subprocess.Popen[bytes]:
-        return subprocess.Popen([sys.executable, "-c", _HOG, str(self.path / "cgroup.procs")],
+        events = self.path / ("memory.events" if self.v2 else "memory.oom_control")
+        return subprocess.Popen([sys.executable, "-c", _HOG, str(self.path / "cgroup.procs"), str(events)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def remove(self, timeout: float = 30.0) -> None:
