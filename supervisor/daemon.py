@@ -47,7 +47,7 @@ from supervisor.core import events as ev
 from supervisor.core.config import Config, ConfigError, alert_instance, server_configs, unit_name
 from supervisor.core.group import restart_refusal
 from supervisor.core.messages import Boot, Event
-from supervisor.services.rolling import PassEnd, roll
+from supervisor.services.rolling import ASK_ROUTER_S, GONE, PassEnd, any_moved, roll
 from supervisor.unit import ServerUnit, wall_now
 
 
@@ -138,6 +138,7 @@ class Daemon:
         self._failure: _TaskFailed | None = None  # the first background task that failed
         self._closing = False
         self._rolling: asyncio.Task[PassEnd] | None = None
+        self._handing_over = asyncio.Lock()  # one inherited server replaced at a time (hand_over)
         self._followers: set[asyncio.Queue[dict[str, Any]]] = set()  # `restart`s waiting for the pass
         self._reaper: ReaperHandle | None = None
         self._deadline: asyncio.TimerHandle | None = None  # the shutdown's, armed by the first stop request
@@ -244,6 +245,20 @@ class Daemon:
             if other is not unit and await other.serving():
                 return True
         return False
+
+    async def hand_over(self, unit: ServerUnit, take_out: Callable[[], Awaitable[None]]) -> None:
+        """The server a killed daemon left behind the router is replaced only while another
+        server serves, one unit at a time: ``take_out`` runs once one does, or at once when
+        no other server serves or is on its way (or after the start-up timeout)."""
+        async with self._handing_over:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + unit.cfg.health.startup_timeout_s
+            while not await self.others_serving(unit) and loop.time() < deadline:
+                coming = [u for u in self.units if u is not unit and u.core is not None and u.core.state not in GONE]
+                if not coming:
+                    break
+                await any_moved(coming, ASK_ROUTER_S)
+            await take_out()
 
     def notify_status(self) -> None:
         self.p.notifier.status(" | ".join(u.status_text() for u in self.units))

@@ -37,3 +37,54 @@ async def test_no_request_fails_with_the_daemon_keeping_the_router_true(
     assert restart["order"] == ["a: stop", "a: ready", "b: stop", "b: ready"], restart
     # out of the router within milliseconds of the death, seconds before SGLang's main exits
     assert crash["removed_s"] < 0.5 < crash["main_exit_s"] - 3.0, crash
+
+
+async def test_a_killed_daemons_servers_are_replaced_one_at_a_time_behind_the_router(
+    tmp_path: Path, start_router: Callable[..., str]
+) -> None:
+    """The daemon is SIGKILLed and started again (not under systemd, whose KillMode=mixed
+    takes the servers with it: docs/systemd.md). Its servers still serve behind the router;
+    the new daemon replaces them one at a time, each only while the other serves, and no
+    client request fails. Before, the new daemon's first reconcile took both out of the
+    router and each unit killed its old server at once: every request failed until a
+    relaunch was READY."""
+    import asyncio
+
+    from conftest import wait_until
+    from harness import DaemonRun, merge_servers
+
+    configs = router_night.two_servers(tmp_path)
+    urls = sorted(router_night.url_of(c) for c in configs)
+    merged = merge_servers(configs, tmp_path / "pair.toml", ((0,), (1,)))
+    router_url = await asyncio.to_thread(start_router)
+    merged.write_text(merged.read_text() + f'\n[router]\nenabled = true\nurl = "{router_url}"\nreconcile_s = 2.0\n')
+    first = DaemonRun(merged)
+    try:
+        for name in ("a", "b"):
+            await asyncio.to_thread(first.wait_for, "server_ready", 60, server=name)
+        await asyncio.to_thread(wait_until, lambda: router_night.listed(router_url) == urls, 30, 0.05, "both listed")
+        old = {name: int(first.wait_for("launch", server=name)["pid"]) for name in ("a", "b")}
+        load = router_night.Load(router_url, 2)
+        load.start()
+        await asyncio.sleep(1.0)
+        first.kill()
+    finally:
+        first.kill()
+    with DaemonRun(merged) as second:
+        for name in ("a", "b"):
+            await asyncio.to_thread(second.wait_for, "server_ready", 90, server=name)
+        await asyncio.to_thread(wait_until, lambda: router_night.listed(router_url) == urls, 30, 0.05, "listed again")
+        await asyncio.sleep(1.0)
+        await load.stop()
+        assert load.ok > 0 and not load.failed, (load.ok, load.failed[:3])
+        # each old server waited for its turn, then was replaced; the second only once the
+        # first one's replacement was READY
+        steps = [(e["server"], e.get("step") or "ready") for e in second.events()
+                 if e.get("event") in ("inherited_server", "server_ready")]
+        first_out = next(s for s, step in steps if step == "replacing")
+        other = "b" if first_out == "a" else "a"
+        assert steps.index((other, "replacing")) > steps.index((first_out, "ready")), steps
+        assert {s for s, step in steps if step == "waiting"} == {"a", "b"}, steps
+        killed = {pid for e in second.find("orphans_killed") for pid in e["pids"]}
+        assert set(old.values()) <= killed, (old, killed)
+        assert second.stop() == 0

@@ -101,11 +101,17 @@ async def test_in_once_ready_and_out_at_once_with_the_known_id_first() -> None:
         task.cancel()
 
 
-async def test_leftovers_of_ours_are_removed_at_start_and_others_left_alone() -> None:
+async def test_entries_of_ours_are_left_alone_until_the_core_decides_then_removed_and_others_kept() -> None:
+    """At start our URL may be the server a killed daemon left, still serving: nothing is
+    removed until the unit takes it out (when it is replaced), and then only ours."""
     async with asyncio.timeout(DEADLINE_S):
         router, events = FakeRouter(), Events()
         router.workers.update({"old1": OURS, "old2": OURS + "/", "x1": OTHER})
         sync = make(router, events, worker_id="old1")
+        assert await sync.reconcile()
+        assert sorted(router.workers) == ["old1", "old2", "x1"] and not events.of("router_removed")
+        assert await sync.listed_healthy() and not await sync.routable()  # listed, but not ours to route yet
+        await sync.take_out("replacing the server the last daemon left", 0.0)
         assert await sync.reconcile()
         assert router.urls() == [OTHER]
         assert events.of("router_removed")[0]["worker_ids"] == ["old1", "old2"]

@@ -614,6 +614,18 @@ class OrphansKilled(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class InheritedServer(Event):
+    """[router]: the server a killed daemon left still serves behind the router. It is
+    replaced one at a time: ``waiting`` (until another server serves), then ``replacing``
+    (out of the router, drained, stopped, relaunched)."""
+
+    kind = "inherited_server"
+    step: str
+    pgid: int | None
+    detail: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GpuMemoryStuck(Event):
     kind = "gpu_memory_stuck"
     alert = "gpu_memory_stuck"

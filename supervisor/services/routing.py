@@ -57,7 +57,7 @@ class RouterSync:
         self._emit = emit
         self._reconcile_s = reconcile_s
         self._rng = rng or random.Random()
-        self._want = False
+        self._want: bool | None = None  # None: not decided yet, our entries are left alone
         self._lock = asyncio.Lock()
         self._kick = asyncio.Event()
         # The router's outages: each failed call is a router_call_failed (counted by
@@ -75,7 +75,7 @@ class RouterSync:
 
     @property
     def wanted(self) -> bool:
-        return self._want
+        return self._want is True
 
     def want_in(self, worker_url: str | None = None) -> None:
         """The server is READY (at ``worker_url``, the current config's): register it now
@@ -116,8 +116,11 @@ class RouterSync:
         """The router lists our server, healthy: it sends it requests now. A 202 to our add
         proves nothing (the add is queued), so a rolling restart asks this before it takes
         the next server out. A failed call is False, and not reported: nothing is changed."""
-        if not self._want:
-            return False
+        return bool(self._want) and await self.listed_healthy()
+
+    async def listed_healthy(self) -> bool:
+        """The router lists our URL, healthy, whoever put it there (the server a killed
+        daemon left, before it is replaced). A failed call is False."""
         async with self._lock:
             try:
                 workers = await self._router.list_workers()
@@ -132,7 +135,9 @@ class RouterSync:
             try:
                 ours = [w for w in await self._router.list_workers() if same_url(w.url, self.worker_url)]
                 now = asyncio.get_running_loop().time()
-                if self._want:
+                if self._want is None:
+                    extra = []  # not decided yet: what is listed is left alone
+                elif self._want:
                     keep = next((w for w in ours if w.id == self.worker_id), ours[0] if ours else None)
                     if keep is not None:
                         self._added_at = None

@@ -61,6 +61,7 @@ from supervisor.core.events import (
     GroupJoined,
     GroupLeader,
     HeadroomLow,
+    InheritedServer,
     Json,
     KvPressureSeen,
     LinkDown,
@@ -101,6 +102,7 @@ PROBE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0
 # Events counted in sglang_supervisor_events_total{event} (their kind): rare and worth a glance.
 COUNTED: tuple[type[Event], ...] = (
     OrphansKilled,
+    InheritedServer,
     OrphansReaped,
     ForeignGpuProcess,
     PreflightFailed,

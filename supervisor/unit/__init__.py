@@ -86,6 +86,8 @@ class Host(Protocol):
 
     async def others_serving(self, unit: ServerUnit) -> bool: ...
 
+    async def hand_over(self, unit: ServerUnit, take_out: Callable[[], Awaitable[None]]) -> None: ...
+
 
 class ServerUnit:
     """One server under supervision (see the module docstring).
@@ -130,6 +132,7 @@ class ServerUnit:
         self._gpu_monitor: Monitor | None = None
         self._router: RouterSync | None = None  # SGLang's router's view of the server ([router])
         self._router_removal: asyncio.Task[Any] | None = None
+        self._inherited = False  # the server a killed daemon left serves for us until its turn
         self._group: GroupSync | None = None  # [group]: this node's part of the group
         self._fleet: FleetSync | None = None  # [fleet]: the record this server's fleet shares
 
@@ -217,6 +220,33 @@ class ServerUnit:
                 if self._fleet is not None:
                     self._fleet.share(wish)
 
+    async def _hand_over(self, pgid: int | None, alive: bool) -> bool:
+        """[router], first preparation: the server the last daemon left. Still serving behind
+        the router, it is replaced one at a time (``Daemon.hand_over``): it serves until
+        another server does, then it is taken out and drained (True). Otherwise its entries
+        are taken out at once, for a dead URL takes no requests (False)."""
+        router = self._router
+        if router is None:
+            return False
+        loop = asyncio.get_running_loop()
+        if not (alive and await router.listed_healthy()):
+            await router.take_out("the last daemon's server is gone", loop.time())
+            return False
+        self._inherited = True
+        self.emit(ev.InheritedServer(step="waiting", pgid=pgid, detail=(
+            "the server the last daemon left still serves behind the router: replaced once another server serves")))
+
+        async def take_out() -> None:
+            self._inherited = False
+            self.emit(ev.InheritedServer(step="replacing", pgid=pgid, detail="out of the router, drained, stopped"))
+            await router.take_out("replacing the server the last daemon left", loop.time())
+
+        try:
+            await self.host.hand_over(self, take_out)
+        finally:
+            self._inherited = False
+        return True
+
     async def _climb_allowed(self, fraction: float) -> ClimbAllowed | None:
         """A climb drains this server: behind the router, only while another one serves."""
         if self._router is None or await self.host.others_serving(self):
@@ -279,6 +309,8 @@ class ServerUnit:
 
     async def serving(self) -> bool:
         """READY, and listed healthy by the router when there is one: it takes traffic."""
+        if self._inherited and self._router is not None:
+            return await self._router.listed_healthy()  # the last daemon's server, until its turn
         core = self.core
         if core is None or core.state is not State.READY:
             return False
@@ -327,6 +359,7 @@ class ServerUnit:
                 worker_id=loaded.worker_id, rng=p.rng,
             )
             self._spawn(self._router.run(), "router")
+            self.prep.hand_over = self._hand_over
         if cfg.group.enabled and p.group_etcd is not None:
             from supervisor.services.grouping import GroupSync, node_config_hash  # only with [group] on
 
@@ -360,6 +393,16 @@ class ServerUnit:
         the router first). Its tasks are cancelled by the daemon next, then ``close``."""
         for name in list(self._timers):
             self._cancel_timer(name)
+        inherited = self.prep.pending
+        if inherited is not None:
+            # The last daemon's server, still waiting for its turn: not left behind either.
+            self._inherited = False
+            if self._router is not None:
+                with contextlib.suppress(TimeoutError):
+                    await within(self._router.take_out("the daemon is leaving", asyncio.get_running_loop().time()),
+                                 self.cfg.router.remove_wait_s)
+            await self.p.cleanup.kill_stale(inherited, grace_s=self.cfg.server.stop_grace_s)
+            self.prep.pending = None
         await self.life.leave(self._take_out_for_leaving)
 
     async def _take_out_for_leaving(self) -> None:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from supervisor.adapters.ports import GpuInfo, GpuProbe, GpuProbeError, Ports
+from supervisor.adapters.ports import GpuInfo, GpuProbe, GpuProbeError, Ports, StaleReport
 from supervisor.core import events as ev
 from supervisor.core.config import Config
 from supervisor.core.messages import Event, Finding, Prepared, PrepareFailed
@@ -48,6 +48,12 @@ class Preparation:
         self.log = log
         self.recorded = Recorded()
         self.fleet: FleetSync | None = None  # [fleet]: set once its sync runs
+        # [router]: at the first preparation, what to do with the server the last daemon left
+        # (alive or not) before it is stopped; True when it was taken out of the router to be
+        # drained (it is then given the whole stop grace period). ``ServerUnit._hand_over``.
+        self.hand_over: Callable[[int | None, bool], Awaitable[bool]] | None = None
+        self.pending: StaleReport | None = None  # that server, while it waits for its turn
+        self._first = True
 
     async def run(self, cfg: Config, fraction: float | None) -> list[Event]:
         """Clear our old servers off the GPUs, wait for memory, run preflight (``fraction``:
@@ -64,16 +70,14 @@ class Preparation:
         gpus = await self._sample_or_none()
         holders = {p.pid: (g.index, p.used_bytes) for g in gpus for p in g.processes}
         recorded = self.recorded
-        report = await asyncio.to_thread(
-            self.p.cleanup.find_stale,
-            recorded_pgid=recorded.pgid,
-            gpu_pids=list(holders),
-            own_pid=os.getpid(),
-            port=cfg.server.port,
-            recorded_since=recorded.since,
-            instance=self.instance_id,
-            recorded_tree=recorded.tree,
-        )
+        report = await self._find_stale(cfg, recorded, list(holders))
+        drained = False
+        first, self._first = self._first, False
+        if first and self.hand_over is not None:
+            self.pending = report if report.ours else None
+            drained = await self.hand_over(recorded.pgid, bool(report.ours))
+            if drained:
+                report = await self._find_stale(cfg, recorded, list(holders))  # it may have forked meanwhile
         for proc in report.foreign:
             index, used = holders.get(proc.pid, (None, None))
             self._emit(ev.ForeignGpuProcess(pid=proc.pid, name=proc.name, cmdline=proc.cmdline,
@@ -85,12 +89,12 @@ class Preparation:
             return [PrepareFailed(Finding.PORT_HELD, f"port {cfg.server.port} is held by {who}, not ours")]
         foreign = report.foreign or report.port_holders
         if report.ours or (foreign and cfg.gpu.kill_foreign):
-            killed = await self.p.cleanup.kill_stale(
-                report, grace_s=min(cfg.server.stop_grace_s, 10.0), kill_foreign=cfg.gpu.kill_foreign
-            )
+            grace = cfg.server.stop_grace_s if drained else min(cfg.server.stop_grace_s, 10.0)
+            killed = await self.p.cleanup.kill_stale(report, grace_s=grace, kill_foreign=cfg.gpu.kill_foreign)
             self._emit(ev.OrphansKilled(
                 pids=tuple(killed), titles=tuple(p.name for p in report.ours), reasons=tuple(p.reason for p in report.ours),
             ))
+        self.pending = None
         self.recorded = Recorded(since=recorded.since)
         if cfg.gpu.backend != "none":
             result = await release.wait_until_released(
@@ -121,6 +125,18 @@ class Preparation:
             # What the fleet learned of this configuration, applied before the launch.
             return [await self.fleet.advice(cfg, gpus or await self._sample_or_none()), Prepared()]
         return [Prepared()]
+
+    async def _find_stale(self, cfg: Config, recorded: Recorded, gpu_pids: list[int]) -> StaleReport:
+        return await asyncio.to_thread(
+            self.p.cleanup.find_stale,
+            recorded_pgid=recorded.pgid,
+            gpu_pids=gpu_pids,
+            own_pid=os.getpid(),
+            port=cfg.server.port,
+            recorded_since=recorded.since,
+            instance=self.instance_id,
+            recorded_tree=recorded.tree,
+        )
 
     async def _sample_or_none(self) -> list[GpuInfo]:
         try:

@@ -317,7 +317,7 @@ class Fault:
 
 class Night:
     def __init__(self, real: RealSGLang, tmp: Path, minutes: float, seed: int) -> None:
-        self.real = real.in_bf16()
+        self.real = real  # bf16, as real models are (RealSGLang.model)
         self.tmp = tmp
         self.minutes = minutes
         self.seed = seed

@@ -8,10 +8,8 @@ outside a fault's window; every fault recovered; 0 alerts lost or duplicated (by
 processes left; the foreign SGLang untouched; the daemon's RSS within 5 % (of its warm
 sample: the first crash it diagnoses loads the message catalogue's index, ~4 MB, once).
 
-Marked ``soak``: ``make test`` leaves it out for now (``make soak-real SOAK_MINUTES=5`` runs
-it): with it the suite would pass 60 minutes here, and a night that draws "the daemon
-SIGKILLed and started again" fails its goal (the new daemon kills both old servers at
-once: no server behind the router for minutes), a defect still open.
+Marked ``soak`` (``-m soak`` picks it alone); ``make test`` runs it in the real tier, and
+``make soak-real`` runs the 30-minute night.
 
 It holds the host-wide real-SGLang lock for the whole night. A missing component (mosquitto,
 the router, SGLang) fails the test, never skips. Every port is a free one (xdist-safe).
