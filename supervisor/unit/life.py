@@ -53,6 +53,11 @@ GIB = 1024**3
 SPOTTED = tuple(words.encode() for _, words, _ in KV_PRESSURE_WORDS)  # read while serving
 SPOT_EVERY_S = 1.0  # a retraction told at most once a second (SGLang may retract every step)
 NOTHING_RAN = ExitStatus(code=None)
+# The tree is looked at for new parts at every probe while the server starts (ranks and
+# workers appear then), and once a minute while it serves: psutil reads every process of
+# the host to find our descendants, the daemon's largest cost while serving (profiled on
+# the real server: a third of it, at one probe every 10 s, on a host with ~200 processes).
+TREE_SCAN_SERVING_S = 60.0
 
 Spawn = Callable[[Awaitable[Any], str], "asyncio.Task[Any]"]
 
@@ -91,6 +96,7 @@ class ServerLife:
         self._spotted_at = -math.inf
         self._least_free: tuple[float, ...] = ()  # GB per GPU since this launch (``least_free``)
         self._least_free_of: str | None = None  # the launch they are of
+        self._scanned: tuple[ServerHandle | None, float] = (None, -math.inf)  # (server, loop time) of the last scan
 
     def reload(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -227,8 +233,9 @@ class ServerLife:
 
     async def probe(self, *, starting: bool, tree_grew: Callable[[], None], read_kv: bool = False) -> list[Event]:
         """The health answer; while starting, counted only when our tree holds the port.
-        Each probe also looks for new parts of the tree (``tree_grew`` when it found some:
-        their pids and create times prove them ours after a daemon crash)."""
+        A probe also looks for new parts of the tree (``tree_grew`` when it found some:
+        their pids and create times prove them ours after a daemon crash): each one while
+        starting, one a minute while serving (``TREE_SCAN_SERVING_S``)."""
         task = asyncio.current_task()
         if task is not None:
             self._probes.add(task)
@@ -238,7 +245,10 @@ class ServerLife:
         if self._prober is None:
             self._prober = self._new_prober()
         server = self.server
-        if server is not None:
+        now = asyncio.get_running_loop().time()
+        of, at = self._scanned
+        if server is not None and (starting or of is not server or now - at >= TREE_SCAN_SERVING_S):
+            self._scanned = (server, now)
             known = len(server.tree_pids())
             server.watch_parts(await asyncio.to_thread(server.scan_descendants))
             if len(server.tree_pids()) != known:
