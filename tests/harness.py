@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -377,3 +378,21 @@ class ProcessWatch:
             except psutil.Error:
                 continue
         return left
+
+
+def watch_exit(pid: int, out: dict[str, float]) -> threading.Thread:
+    """Polls every millisecond for ``pid``'s end (``out["at"]``, monotonic)."""
+    import psutil
+
+    def run() -> None:
+        try:
+            proc = psutil.Process(pid)
+            while proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                time.sleep(0.001)
+        except psutil.Error:
+            pass
+        out["at"] = time.monotonic()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from typing import Any
 
 import psutil
 from conftest import wait_until
-from harness import REPO, DaemonRun, merge_servers, write_config
+from harness import REPO, DaemonRun, merge_servers, watch_exit, write_config
 
 from supervisor.sim.loadgen import prompt
 
@@ -184,19 +183,3 @@ def rolling_order(d: DaemonRun) -> list[str]:
         elif e.get("event") == "server_ready":
             steps.append(f"{e['server']}: ready")
     return steps
-
-
-def watch_exit(pid: int, out: dict[str, float]) -> threading.Thread:
-    """Polls every millisecond for ``pid``'s end (``out["at"]``, monotonic)."""
-    def run() -> None:
-        try:
-            proc = psutil.Process(pid)
-            while proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                time.sleep(0.001)
-        except psutil.Error:
-            pass
-        out["at"] = time.monotonic()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread

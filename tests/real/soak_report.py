@@ -36,6 +36,45 @@ WHAT = {
 }
 
 
+# The chaos matrix's faults (tests/chaos/test_chaos_matrix.py, on the simulator) and where each
+# runs against the real server, or why it cannot here.
+ON_THE_REAL_SERVER = (
+    ("runtime CUDA OOM", "simulator only here: a CPU SGLang has no CUDA allocator (a real one needs the GPU "
+     "machine, not lent to this task)"),
+    ("startup CUDA OOM (graph capture)", "simulator only here: no CUDA graphs on the CPU (same)"),
+    ("KV-pool startup error", "real: `test_real_daemon.py::test_kv_pool_failure_raises_the_fraction_past_sglangs_minimum`"),
+    ("host OOM", "real: `test_real_oom.py` (a kernel OOM kill in a memory cgroup) and "
+     "`test_real_daemon.py::test_sigkilled_scheduler_with_a_cgroup_oom_kill_record_is_host_oom`"),
+    ("hang (health stops answering)", "real: `test_real_daemon.py::test_hang_is_quit_killed_and_relaunched_keeping_the_log`; "
+     "the soak's SIGSTOP of a scheduler"),
+    ("SIGSTOP of the whole server", "real: the soak's SIGSTOP of a scheduler (the hang the rest of the tree waits on)"),
+    ("exit 0 nobody asked for", "not yet on the real server"),
+    ("segfault", "not yet on the real server (the soak's SIGKILLs take the same path: a part dies, the tree is torn down)"),
+    ("orphan scheduler holding GPU memory", "simulator only: GPU memory"),
+    ("GPU memory that never frees", "simulator only: NVML"),
+    ("port taken by a foreign process", "real: `test_real_daemon.py::test_a_foreign_server_on_our_port_is_reported_and_never_killed`; "
+     "the soak's foreign SGLang"),
+    ("slow start past startup_timeout_s", "not yet on the real server"),
+    ("MQTT broker down and flapping", "real: the soak's broker stopped for 20 s"),
+    ("100 concurrent metrics scrapes during a crash", "simulator only: the daemon's side, the server plays no part"),
+    ("NVML errors mid-run", "simulator only: no NVML on the CPU"),
+    ("state directory full (or unwritable)", "real: the soak's state directory unwritable for 10 s"),
+    ("log directory full", "not yet on the real server (the daemon's side)"),
+    ("daemon SIGKILLed mid-startup / mid-backoff / mid-stop", "real, while serving: the soak's daemon SIGKILLed and "
+     "started again, and `test_real_group.py` (a daemon of a group dies); mid-startup, -backoff and -stop: not yet"),
+    ("wall-clock jump", "simulator only: the daemon's clock; the server plays no part"),
+)
+
+
+def real_cases() -> list[str]:
+    lines = ["", "### The chaos matrix's faults on the real server", "",
+             "The chaos matrix runs on the simulator. Where each of its faults runs against the real "
+             "server (the real tier of `make test`, one trial each; the soak draws its own at random):", "",
+             "| chaos fault | on the real server |", "|---|---|"]
+    lines += [f"| {fault} | {where} |" for fault, where in ON_THE_REAL_SERVER]
+    return lines
+
+
 def _s(v: float | None) -> str:
     return "never" if v is None else f"{v:.1f}"
 
@@ -112,8 +151,8 @@ def render(r: dict[str, Any]) -> str:
         lines.append(f"| RSS (MiB), from the warm sample | {warm.get('rss_kb', 0) / 1024:.1f} | "
                      f"{e.get('rss_kb', 0) / 1024:.1f} | " + (f"{wpct:+.1f} %" if wpct is not None else "-") + " |")
         lines += ["", "The first crash a daemon diagnoses loads SGLang's message catalogue "
-                  "(`supervisor/core/catalogue.py`, about 60 MB, once): the warm sample is the daemon's "
-                  "first 10 s after it (the last daemon's, when it was started again)."]
+                  "(`supervisor/core/catalogue.py`: its word index, about 4 MB, once): the warm sample is the "
+                  "daemon's first 10 s after it (the last daemon's, when it was started again)."]
     if len(d.get("incarnations", [])) > 1:
         lines += ["", f"The daemon was SIGKILLed and started again {len(d['incarnations']) - 1} time(s): "
                   "\"start\" is the first daemon's, \"end\" the last one's."]
@@ -129,6 +168,7 @@ def render(r: dict[str, Any]) -> str:
     for f in r["faults"]:
         lines.append(f"| {f['n']} | {f['kind']} | {f['at_s']:.0f} | {f['target'] or '-'} | "
                      f"{'-' if f['kind'] == 'foreign_server' else _s(f['to_serving_s'])} | {f['failed']} |")
+    lines += real_cases()
     lines.append(END)
     return "\n".join(lines) + "\n"
 
