@@ -48,20 +48,21 @@ ON_THE_REAL_SERVER = (
     ("hang (health stops answering)", "real: `test_real_daemon.py::test_hang_is_quit_killed_and_relaunched_keeping_the_log`; "
      "the soak's SIGSTOP of a scheduler"),
     ("SIGSTOP of the whole server", "real: the soak's SIGSTOP of a scheduler (the hang the rest of the tree waits on)"),
-    ("exit 0 nobody asked for", "not yet on the real server"),
-    ("segfault", "not yet on the real server (the soak's SIGKILLs take the same path: a part dies, the tree is torn down)"),
+    ("exit 0 nobody asked for", "real: `test_real_chaos.py` (SGLang's main process told to stop from outside, not by the daemon)"),
+    ("segfault", "real: `test_real_chaos.py` (SIGSEGV to a scheduler)"),
     ("orphan scheduler holding GPU memory", "simulator only: GPU memory"),
     ("GPU memory that never frees", "simulator only: NVML"),
     ("port taken by a foreign process", "real: `test_real_daemon.py::test_a_foreign_server_on_our_port_is_reported_and_never_killed`; "
      "the soak's foreign SGLang"),
-    ("slow start past startup_timeout_s", "not yet on the real server"),
+    ("slow start past startup_timeout_s", "real: `test_real_chaos.py` (a start-up timeout shorter than the model's load)"),
     ("MQTT broker down and flapping", "real: the soak's broker stopped for 20 s"),
     ("100 concurrent metrics scrapes during a crash", "simulator only: the daemon's side, the server plays no part"),
     ("NVML errors mid-run", "simulator only: no NVML on the CPU"),
     ("state directory full (or unwritable)", "real: the soak's state directory unwritable for 10 s"),
-    ("log directory full", "not yet on the real server (the daemon's side)"),
-    ("daemon SIGKILLed mid-startup / mid-backoff / mid-stop", "real, while serving: the soak's daemon SIGKILLed and "
-     "started again, and `test_real_group.py` (a daemon of a group dies); mid-startup, -backoff and -stop: not yet"),
+    ("log directory full", "simulator only: the daemon's side (its log file), the server plays no part"),
+    ("daemon SIGKILLed mid-startup / mid-stop", "real: `test_real_chaos.py`; while serving, the soak's daemon SIGKILLed and "
+     "started again, and `test_real_group.py` (a daemon of a group dies)"),
+    ("daemon SIGKILLed mid-backoff", "simulator only: no server runs during a backoff (the state file is the whole story)"),
     ("wall-clock jump", "simulator only: the daemon's clock; the server plays no part"),
 )
 
@@ -69,7 +70,8 @@ ON_THE_REAL_SERVER = (
 def real_cases() -> list[str]:
     lines = ["", "### The chaos matrix's faults on the real server", "",
              "The chaos matrix runs on the simulator. Where each of its faults runs against the real "
-             "server (the real tier of `make test`, one trial each; the soak draws its own at random):", "",
+             "server: in the real tier of `make test`, one trial each (`CHAOS_TRIALS=N` repeats "
+             "`tests/real/test_real_chaos.py`), and in the soak, drawn at random:", "",
              "| chaos fault | on the real server |", "|---|---|"]
     lines += [f"| {fault} | {where} |" for fault, where in ON_THE_REAL_SERVER]
     return lines
