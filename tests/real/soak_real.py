@@ -90,6 +90,7 @@ READY_S = 660.0
 RECOVER_S = 660.0
 ROUTER_RECONCILE_S = 1.0
 BROKER_DOWN_S = 20.0
+TAIL_BYTES = 256 * 1024
 UNWRITABLE_S = 10.0
 RESTART_SEC = float(os.environ.get("SOAK_RESTART_SEC", "2"))
 SERVERS = ("a", "b")
@@ -366,6 +367,11 @@ class Night:
                        "topic_prefix": self.prefix, "instance": "soak", "reconnect_initial_s": 0.2,
                        "reconnect_max_s": 1.0}
         doc["report"] = {"enabled": True, "gpu_sample_s": 1.0}
+        # Each server's output tail (kept for the diagnosis; 2 MiB by default) fills at the
+        # servers' log rate, ~0.15 MB a minute here: a bounded buffer, not a leak, but it
+        # would take half an hour to fill and pass for one. A smaller one is full before the
+        # warm sample, so that the RSS compared after it is what grows without a bound.
+        doc.setdefault("logging", {})["tail_bytes"] = TAIL_BYTES
         self.doc = doc
         self._write_config()
         self.state_dir = Path(doc["state"]["dir"])

@@ -154,7 +154,10 @@ def render(r: dict[str, Any]) -> str:
                      f"{e.get('rss_kb', 0) / 1024:.1f} | " + (f"{wpct:+.1f} %" if wpct is not None else "-") + " |")
         lines += ["", "The first crash a daemon diagnoses loads SGLang's message catalogue "
                   "(`supervisor/core/catalogue.py`: its word index, about 4 MB, once): the warm sample is the "
-                  "daemon's first 10 s after it (the last daemon's, when it was started again)."]
+                  "daemon's first 10 s after it (the last daemon's, when it was started again). Each server's "
+                  "output tail, kept for the diagnosis, is a bounded buffer that fills at the servers' log rate "
+                  "(~0.15 MB a minute here): the night runs with `[logging] tail_bytes` at 256 KiB instead of "
+                  "2 MiB, so that it is full early and the RSS compared is what grows without a bound."]
     if len(d.get("incarnations", [])) > 1:
         lines += ["", f"The daemon was SIGKILLed and started again {len(d['incarnations']) - 1} time(s): "
                   "\"start\" is the first daemon's, \"end\" the last one's."]
