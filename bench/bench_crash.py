@@ -141,13 +141,19 @@ def run(settings: Settings, exe: Path) -> Section:
     n = sum(len(v) for v in ours["noticed"])
     section = Section("crash", raw={"crashes_per_repeat": crashes, "ours_ms": ours, "supervisord_ms": theirs,
                                     "floor_ms": floor})
-    floor_note = (f"the floor: a parent blocked in `waitpid()` sees the same crashes after "
-                  f"{pooled(floor, 50).value:.2f} ms (p50) / {pooled(floor, 99).value:.2f} ms (p99)")
+    # The goal is a ratio to the floor measured in the same run: what the daemon adds to what
+    # the kernel and the machine's load take anyway.
+    floor50, floor99 = pooled(floor, 50).value, pooled(floor, 99).value
+    ours50, ours99 = pooled(ours["noticed"], 50).value, pooled(ours["noticed"], 99).value
+    floor_note = (f"the floor: a parent blocked in `waitpid()` sees the same crashes after {floor50:.2f} ms (p50) / "
+                  f"{floor99:.2f} ms (p99); ours is {ours50 / floor50:.2f}× / {ours99 / floor99:.2f}× the floor")
     section.rows += [
         Row("crash_noticed_p50", "crash → noticed (state leaves READY), p50", "ms", pooled(ours["noticed"], 50),
-            pooled(theirs["noticed"], 50), "≤ 2 ms", pooled(ours["noticed"], 50).value <= 2, note=floor_note),
+            pooled(theirs["noticed"], 50), f"≤ 1.2 × the floor ({1.2 * floor50:.2f} ms)", ours50 <= 1.2 * floor50,
+            note=floor_note),
         Row("crash_noticed_p99", "crash → noticed (state leaves READY), p99", "ms", pooled(ours["noticed"], 99),
-            pooled(theirs["noticed"], 99), "≤ 5 ms", pooled(ours["noticed"], 99).value <= 5, note=floor_note),
+            pooled(theirs["noticed"], 99), f"≤ 1.2 × the floor ({1.2 * floor99:.2f} ms)", ours99 <= 1.2 * floor99,
+            note=floor_note),
         Row("crash_diagnosed_p50", "crash → diagnosed (`crash` event), p50", "ms", pooled(ours["diagnosed"], 50),
             note="supervisord does not diagnose"),
         Row("crash_diagnosed_p99", "crash → diagnosed (`crash` event), p99", "ms", pooled(ours["diagnosed"], 99),
