@@ -38,8 +38,16 @@ WHY_MISSED: dict[str, str] = {
         "a probe starts every `interval_s`; the kill comes when the `failures`-th failed probe "
         "times out, so the bound is met only when the hang starts just before a probe."
     ),
+    "crash_diagnosed_p99": (
+        "the first crash each daemon diagnoses loads the message catalogue's word index "
+        "(`supervisor/core/catalogue.py`, about 0.2 s on a quiet machine, once per daemon): in each run "
+        "it is the first of 25 crashes and the slowest, so it is the p99; the p50 is the other crashes. "
+        "Loading the index at start would move it off the crash path at the price of its ~4 MB of RSS "
+        "while serving."
+    ),
     "steady_cpu": (
-        "profiled by parts: idle, the daemon uses 0.1 %; the 8 simulated GPUs sampled every "
+        "profiled by parts on 2026-11-29 (before the tree scan went from every probe to once a minute "
+        "while serving): idle, the daemon uses 0.1 %; the 8 simulated GPUs sampled every "
         "second add about 0.2 % (each sample reads 9 JSON files and checks every holder pid); "
         "the rest is the output pump polling the pipe every 100 ms while 2,000 lines/s trickle "
         "in (10 wake-ups a second: a read, a log write, a tail append). A longer poll pause "
