@@ -47,7 +47,7 @@ from supervisor.core import events as ev
 from supervisor.core.config import Config, ConfigError, alert_instance, server_configs, unit_name
 from supervisor.core.group import restart_refusal
 from supervisor.core.messages import Boot, Event
-from supervisor.services.rolling import ASK_ROUTER_S, GONE, PassEnd, any_moved, roll
+from supervisor.services.rolling import PassEnd, another_serves, roll
 from supervisor.unit import ServerUnit, wall_now
 
 
@@ -251,13 +251,8 @@ class Daemon:
         server serves, one unit at a time: ``take_out`` runs once one does, or at once when
         no other server serves or is on its way (or after the start-up timeout)."""
         async with self._handing_over:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + unit.cfg.health.startup_timeout_s
-            while not await self.others_serving(unit) and loop.time() < deadline:
-                coming = [u for u in self.units if u is not unit and u.core is not None and u.core.state not in GONE]
-                if not coming:
-                    break
-                await any_moved(coming, ASK_ROUTER_S)
+            with contextlib.suppress(TimeoutError):
+                await within(another_serves([u for u in self.units if u is not unit]), unit.cfg.health.startup_timeout_s)
             await take_out()
 
     def notify_status(self) -> None:

@@ -105,18 +105,29 @@ async def _restart_one(unit: Unit, reason: str, emit: Callable[[ev.Event], None]
 async def _another_serves(unit: Unit, others: Sequence[Unit], emit: Callable[[ev.Event], None]) -> bool:
     """Wait until a server other than ``unit`` takes traffic; False when none is READY or
     on its way there (all gave up or stopped)."""
+    def waiting(coming: Sequence[Unit]) -> None:
+        emit(ev.RollingRestart(step="waiting", server=unit.label,
+                               detail=f"waiting for {', '.join(u.name for u in coming)} to serve first"))
+
+    if await another_serves(others, waiting):
+        return True
+    emit(ev.RollingRestart(step="stopped", server=unit.label, detail=(
+        f"no other server serves or is starting: {unit.name} is not taken down "
+        f"(restart --server {unit.name} does it alone)")))
+    return False
+
+
+async def another_serves(others: Sequence[Unit], waiting: Callable[[Sequence[Unit]], None] | None = None) -> bool:
+    """Until one of ``others`` takes traffic (True), or none is READY or on its way there
+    (False: all gave up or stopped). ``waiting`` hears, once, whom it waits for."""
     said = False
     while not [u for u in others if await u.serving()]:
         coming = [u for u in others if u.core is not None and u.core.state not in (State.GAVE_UP, State.STOPPED)]
         if not coming:
-            emit(ev.RollingRestart(step="stopped", server=unit.label, detail=(
-                f"no other server serves or is starting: {unit.name} is not taken down "
-                f"(restart --server {unit.name} does it alone)")))
             return False
-        if not said:
-            emit(ev.RollingRestart(step="waiting", server=unit.label,
-                                   detail=f"waiting for {', '.join(u.name for u in coming)} to serve first"))
-            said = True
+        if not said and waiting is not None:
+            waiting(coming)
+        said = True
         # a state change, or the router's listing (asked again twice a second)
         await any_moved(coming, ASK_ROUTER_S)
     return True

@@ -237,7 +237,6 @@ class ServerUnit:
             "the server the last daemon left still serves behind the router: replaced once another server serves")))
 
         async def take_out() -> None:
-            self._inherited = False
             self.emit(ev.InheritedServer(step="replacing", pgid=pgid, detail="out of the router, drained, stopped"))
             await router.take_out("replacing the server the last daemon left", loop.time())
 

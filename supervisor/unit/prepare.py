@@ -48,12 +48,11 @@ class Preparation:
         self.log = log
         self.recorded = Recorded()
         self.fleet: FleetSync | None = None  # [fleet]: set once its sync runs
-        # [router]: at the first preparation, what to do with the server the last daemon left
-        # (alive or not) before it is stopped; True when it was taken out of the router to be
-        # drained (it is then given the whole stop grace period). ``ServerUnit._hand_over``.
+        # [router]: what to do with the server the last daemon left (alive or not) before it
+        # is stopped; True when it was taken out of the router to be drained (it is then given
+        # the whole stop grace period). ``ServerUnit._hand_over``.
         self.hand_over: Callable[[int | None, bool], Awaitable[bool]] | None = None
         self.pending: StaleReport | None = None  # that server, while it waits for its turn
-        self._first = True
 
     async def run(self, cfg: Config, fraction: float | None) -> list[Event]:
         """Clear our old servers off the GPUs, wait for memory, run preflight (``fraction``:
@@ -72,8 +71,7 @@ class Preparation:
         recorded = self.recorded
         report = await self._find_stale(cfg, recorded, list(holders))
         drained = False
-        first, self._first = self._first, False
-        if first and self.hand_over is not None:
+        if recorded.pgid is not None and self.hand_over is not None:  # a server the last daemon left
             self.pending = report if report.ours else None
             drained = await self.hand_over(recorded.pgid, bool(report.ours))
             if drained:
