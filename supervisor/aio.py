@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -41,7 +41,7 @@ from supervisor.core.backoff import exponential_backoff
 
 T = TypeVar("T")
 
-__all__ = ["Backoff", "Reconnect", "cancel_and_wait", "settled", "within"]
+__all__ = ["Backoff", "Reconnect", "TaskScope", "cancel_and_wait", "settled", "within"]
 
 
 async def within(aw: Awaitable[T], seconds: float | None) -> T:
@@ -84,6 +84,82 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]], timeout_s: float
         if task.done() and not task.cancelled():
             task.exception()  # read: an error while it was cancelled is not "never retrieved"
     return still
+
+
+class TaskScope:
+    """A task group that owns a lifetime: the daemon's, a server unit's, one launch's.
+
+    Every task of the package's shell is started in one (``spawn``); a lifetime inside another
+    is a ``child`` scope, ended with it. ``cancel`` ends a scope's tasks and its children's at
+    once; ``aclose`` also waits for them, and the scope takes no more. So a launch's probes
+    and watcher die with the launch, and a unit's tasks with the unit, without anyone keeping
+    a list of them.
+
+    Why not ``asyncio.TaskGroup``: a task that fails here must not cancel its siblings
+    mid-step (the servers' drains and stops are tasks too, and a failure ends the daemon
+    through its ordinary stop, which drains them). A failure goes to ``on_failure`` of the
+    nearest scope that has one (the daemon's: it ends the daemon that way). And a scope is
+    opened in one task and closed in another (a launch begins in one and is diagnosed in the
+    next), where a TaskGroup is one ``async with`` block.
+    """
+
+    def __init__(self, name: str, *, on_failure: Callable[[asyncio.Task[Any]], None] | None = None,
+                 parent: TaskScope | None = None) -> None:
+        self.name = name
+        self._on_failure = on_failure
+        self._parent = parent
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._children: set[TaskScope] = set()
+        self.closed = False
+
+    def spawn(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
+        """Start ``coro`` as a task of this scope."""
+        if self.closed:
+            coro.close()
+            raise RuntimeError(f"task scope {self.name!r} is closed: {name} not started")
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def child(self, name: str, *, on_failure: Callable[[asyncio.Task[Any]], None] | None = None) -> TaskScope:
+        """A scope whose tasks live no longer than this one's. Its failures go up to the
+        nearest ``on_failure`` (given here: the child's owner reads them itself)."""
+        scope = TaskScope(name, parent=self, on_failure=on_failure)
+        if self.closed:
+            scope.closed = True
+        else:
+            self._children.add(scope)
+        return scope
+
+    def tasks(self) -> list[asyncio.Task[Any]]:
+        """This scope's tasks and its children's, still running or not yet reaped."""
+        return [*self._tasks, *(t for c in self._children for t in c.tasks())]
+
+    def cancel(self) -> None:
+        for task in self.tasks():
+            task.cancel()
+
+    async def aclose(self, timeout_s: float | None = None) -> set[asyncio.Future[Any]]:
+        """Cancel every task of the scope (and its children's), wait for them (at most
+        ``timeout_s``), and take no more. Returns those that ignored their cancellation."""
+        self.closed = True
+        for scope in list(self._children):
+            scope.closed = True
+        still = await cancel_and_wait(self.tasks(), timeout_s)
+        if self._parent is not None:
+            self._parent._children.discard(self)
+        return still
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        scope: TaskScope | None = self
+        while scope is not None and scope._on_failure is None:
+            scope = scope._parent
+        if scope is not None and scope._on_failure is not None:
+            scope._on_failure(task)
 
 
 def where(task: asyncio.Task[Any]) -> str:

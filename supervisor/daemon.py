@@ -42,13 +42,14 @@ from supervisor.adapters.ports import (
     Store,
     StoreError,
 )
-from supervisor.aio import cancel_and_wait, where, within
+from supervisor.aio import TaskScope, where, within
 from supervisor.core import events as ev
 from supervisor.core.config import Config, ConfigError, alert_instance, server_configs, unit_name
 from supervisor.core.group import restart_refusal
 from supervisor.core.messages import Boot, Event
 from supervisor.services.rolling import PassEnd, another_serves, roll
 from supervisor.unit import ServerUnit, wall_now
+from supervisor.unit.handover import HandOver
 
 
 async def watchdog_loop(
@@ -133,7 +134,8 @@ class Daemon:
         self.instance = alert_instance(cfg)
         self.exit_code: int | None = None
         self._queue: asyncio.Queue[tuple[ServerUnit, Event] | _TaskFailed] = asyncio.Queue()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        # Every task of the daemon is this scope's or a child's (each unit's, each launch's).
+        self.tasks = TaskScope("daemon", on_failure=self._task_failed)
         self._control: ControlHandle | None = None
         self._failure: _TaskFailed | None = None  # the first background task that failed
         self._closing = False
@@ -146,16 +148,15 @@ class Daemon:
         self.units = [self._unit(u) for u in server_configs(cfg)]
 
     def _unit(self, cfg: Config) -> ServerUnit:
+        """One server's unit: its own ports, and its part in the hand-over of a server a
+        killed daemon left (one unit at a time, once another serves). A single ``[server]``
+        is a list of one, whose events carry no server label."""
         name = unit_name(cfg)
-        if not self.cfg.units:  # a single [server]: the daemon's own store and GPU probe
-            return ServerUnit(cfg, self.p, self, store=self.p.store, gpu_probe=self.p.gpu_probe,
-                              sinks=self.p.server_sinks.get(name, ()))
-        if self.p.store_at is None or self.p.gpu_probe_for is None:
-            raise ValueError("several [[server]] entries need Ports.store_at and Ports.gpu_probe_for")
-        return ServerUnit(
-            cfg, self.p, self, label=name, store=self.p.store_at(cfg.state.dir),
-            gpu_probe=self.p.gpu_probe_for(cfg.gpu), sinks=self.p.server_sinks.get(name, ()),
+        handover = HandOver(
+            turn=self._handing_over, timeout_s=cfg.health.startup_timeout_s,
+            another_serves=lambda: another_serves([u for u in self.units if u.name != name]),
         )
+        return ServerUnit(cfg, self.p.units(cfg), self, label=name if self.cfg.units else "", handover=handover)
 
     def unit(self, name: str) -> ServerUnit:
         return next(u for u in self.units if u.name == name)
@@ -223,7 +224,7 @@ class Daemon:
         the ``restart`` commands that wait for it."""
         if sinks is None:
             event = replace(event, host=self.p.host, instance=self.instance)
-            sinks = [sink for name in self.p.server_sinks for sink in self.p.server_sinks[name]]
+            sinks = [sink for unit in self.units for sink in unit.sinks]
         for sink in (*self.p.sinks, *sinks):
             try:
                 sink.emit(event)
@@ -246,23 +247,12 @@ class Daemon:
                 return True
         return False
 
-    async def hand_over(self, unit: ServerUnit, take_out: Callable[[], Awaitable[None]]) -> None:
-        """The server a killed daemon left behind the router is replaced only while another
-        server serves, one unit at a time: ``take_out`` runs once one does, or at once when
-        no other server serves or is on its way (or after the start-up timeout)."""
-        async with self._handing_over:
-            with contextlib.suppress(TimeoutError):
-                await within(another_serves([u for u in self.units if u is not unit]), unit.cfg.health.startup_timeout_s)
-            await take_out()
-
     def notify_status(self) -> None:
         self.p.notifier.status(" | ".join(u.status_text() for u in self.units))
 
     def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
+        """A task of the daemon's own (the watchdog, a rolling pass)."""
+        return self.tasks.spawn(coro, name)
 
     # -- signals, control, reload -----------------------------------------------------------
 
@@ -378,14 +368,11 @@ class Daemon:
 
     # -- failures and the end ---------------------------------------------------------------
 
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        """A task that ends with an error ends the daemon (like a ``TaskGroup``): the core
-        may be waiting for the event it would have posted (``Diagnosed`` from a diagnosis)
-        and would otherwise wait forever. A cancelled task (a stale probe, shutdown) is not
-        a failure."""
-        self._tasks.discard(task)
-        if task.cancelled():
-            return
+    def _task_failed(self, task: asyncio.Task[Any]) -> None:
+        """A task of any scope that ends with an error ends the daemon (like a ``TaskGroup``):
+        the core may be waiting for the event it would have posted (``Diagnosed`` from a
+        diagnosis) and would otherwise wait forever. A cancelled task (a launch's probe when
+        the launch ends, shutdown) is not a failure."""
         exc = task.exception()
         if exc is None:
             return
@@ -416,7 +403,7 @@ class Daemon:
         self.emit(ev.DaemonStopping(reason=reason))
         await asyncio.gather(*(u.leave() for u in self.units))
         # A task that ignores its cancellation holds this until the deadline says so.
-        await cancel_and_wait(list(self._tasks))
+        await self.tasks.aclose()
         for unit in self.units:
             await unit.close()
         if self._reaper is not None:
@@ -451,7 +438,9 @@ class Daemon:
         self.log.error("shutdown_overdue", deadline_s=seconds, exit_code=EXIT_SHUTDOWN_OVERDUE,
                        pending=[where(t) for t in pending])
         self.exit_code = EXIT_SHUTDOWN_OVERDUE
-        asyncio.get_running_loop().create_task(self._leave_now(), name="shutdown-overdue")
+        # the scopes are closing or closed by now, and this must run past them
+        loop = asyncio.get_running_loop()
+        loop.create_task(self._leave_now(), name="shutdown-overdue")  # outside any scope: see above
 
     async def _leave_now(self) -> None:
         if self.p.publish_offline is not None:

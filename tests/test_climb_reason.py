@@ -1,4 +1,4 @@
-"""What the daemon says when a climb relaunches (core.machine ``_after_failure``).
+"""What the daemon says when a climb relaunches (``core.machine.crash.after_end``).
 
 The climb and its fall-back replace the policy's fraction with their own, and the state's
 reason (``state_changed``, systemd's status line, ``sglang-supervisor status``) has to say
@@ -18,8 +18,9 @@ from supervisor.core.model import Cause, ExitStatus, State
 from supervisor.core.state import Timer
 
 
-def _backoff_reason(actions: list) -> str:
-    (changed,) = [e for e in emitted(actions, StateChanged) if e.to is State.BACKOFF]
+def _relaunch_reason(actions: list, to: State) -> str:
+    """The reason of the step into ``to`` (PREPARING at once for a climb, BACKOFF for a crash)."""
+    (changed,) = [e for e in emitted(actions, StateChanged) if e.to is to]
     (restart,) = emitted(actions, RestartScheduled)
     assert f"-> {restart.mem_fraction_static:g}" in changed.reason, (changed.reason, restart)
     return changed.reason
@@ -32,9 +33,9 @@ def test_the_climb_and_its_fall_back_say_the_fraction_they_relaunch_at() -> None
     server.send(ClimbAllowed(0.87))
     server.send(Died(ExitStatus(code=0)))
     climbed = server.send(Diagnosed(ExitStatus(code=0), None))
-    assert _backoff_reason(climbed) == "a climb to a higher fraction: mem_fraction_static 0.85 -> 0.87"
+    assert _relaunch_reason(climbed, State.PREPARING) == "a climb to a higher fraction: mem_fraction_static 0.85 -> 0.87"
     server.launch_to_ready()
     failed = server.died(Cause.CUDA_OOM_RUNTIME)
-    reason = _backoff_reason(failed)
+    reason = _relaunch_reason(failed, State.BACKOFF)
     assert "0.87 -> 0.85" in reason and "probation" in reason, reason
     assert server.core.reason == reason

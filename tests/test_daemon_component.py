@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakeports import fake_ports
 
-from supervisor.adapters.ports import Ports, ProbeOutcome, StaleReport
+from supervisor.adapters.ports import ProbeOutcome, StaleReport
 from supervisor.adapters.store import StoreError
 from supervisor.aio import within
 from supervisor.core.config import (
@@ -274,11 +275,10 @@ class Rig:
         self.spawner = FakeSpawner()
         self.prober = FakeProber()
         self.cleanup = FakeCleanup()
-        ports = Ports(
-            store=self.store, sinks=[self.sink], logger=self.logger, cleanup=self.cleanup,
+        ports = fake_ports(
+            self.store, sinks=[self.sink], logger=self.logger, start_control=start_control, cleanup=self.cleanup,
             preflight=FakePreflight(), spawner=self.spawner, prober=lambda url, timeout_s: self.prober,
-            gpu_monitor=no_gpu_monitor, open_log=FakeLog, start_control=start_control, oom_kills=lambda path: None,
-            environ={}, host="testhost", install_signals=False, router=router,
+            gpu_monitor=no_gpu_monitor, open_log=FakeLog, oom_kills=lambda path: None, environ={}, router=router,
         )
         self.daemon = Daemon(self.cfg, ports)
         self.task: asyncio.Task[int] | None = None
@@ -418,7 +418,7 @@ async def test_any_failing_background_task_ends_the_daemon(tmp_path, where):
             assert rig.sink.find("daemon_failed")[0]["task"] == "probe"
             assert rig.spawner.servers[0].stopped_with == [signal.SIGTERM]
         else:
-            rig.daemon.p.preflight.run_preflight = broken  # type: ignore[method-assign]
+            rig.daemon.units[0].p.preflight.run_preflight = broken  # type: ignore[method-assign]
             rig.start()
             await rig.until(lambda: rig.sink.find("preflight_retry"), "the retry after the guarded error")
             assert not rig.sink.find("daemon_failed")

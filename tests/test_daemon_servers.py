@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from fakeports import fake_ports
 from test_daemon_component import (
     DEADLINE_S,
     FakeCleanup,
@@ -24,7 +25,7 @@ from test_daemon_component import (
     start_control,
 )
 
-from supervisor.adapters.ports import ControlReply, NoneProbe, Ports
+from supervisor.adapters.ports import ControlReply, NoneProbe
 from supervisor.core.config import (
     Config,
     GpuConfig,
@@ -84,13 +85,13 @@ class Pair:
         self.sinks = {name: Recorder() for name in self.PORTS}
         self.spawner = Spawner()
         self.probers = {name: FakeProber(default=True) for name in self.PORTS}
-        ports = Ports(
-            store=FakeStore(tmp_path), sinks=[self.daemon_sink], logger=BoundLogger(), cleanup=FakeCleanup(),
-            preflight=FakePreflight(), spawner=self.spawner, prober=self._prober,
-            gpu_monitor=lambda *a, **k: None, open_log=FakeLog, start_control=start_control,
-            oom_kills=lambda path: None, environ={}, host="testhost", install_signals=False,
-            store_at=lambda d: FakeStore(Path(d)), gpu_probe_for=lambda g: NoneProbe(),
-            server_sinks={name: [sink] for name, sink in self.sinks.items()},
+        ports = fake_ports(
+            FakeStore(tmp_path), sinks=[self.daemon_sink], logger=BoundLogger(), start_control=start_control,
+            unit_store=lambda cfg: FakeStore(Path(cfg.state.dir)),
+            unit_sinks={name: [sink] for name, sink in self.sinks.items()},
+            cleanup=FakeCleanup(), preflight=FakePreflight(), spawner=self.spawner, prober=self._prober,
+            gpu_monitor=lambda *a, **k: None, open_log=FakeLog, oom_kills=lambda path: None, environ={},
+            gpu_probe=NoneProbe(),
         )
         self.daemon = Daemon(self.cfg, ports)
         self.task: asyncio.Task[int] | None = None
@@ -203,10 +204,10 @@ def test_a_group_node_refuses_a_restart_of_its_own(tmp_path: Path) -> None:
     cfg = build_config({"server": {"model_path": "/m", "tp_size": 2},
                         "group": {"name": "kimi", "node_rank": 1, "nnodes": 2, "dist_init_addr": "10.0.0.1:5000"},
                         "etcd": {"endpoints": ["127.0.0.1:2379"]}, "state": {"dir": str(tmp_path)}})
-    ports = Ports(
-        store=FakeStore(tmp_path), sinks=[], logger=BoundLogger(), cleanup=FakeCleanup(), preflight=FakePreflight(),
-        spawner=Spawner(), prober=lambda url, timeout_s: FakeProber(), gpu_monitor=lambda *a, **k: None,
-        open_log=FakeLog, start_control=start_control, oom_kills=lambda path: None, install_signals=False,
+    ports = fake_ports(
+        FakeStore(tmp_path), sinks=[], logger=BoundLogger(), start_control=start_control, cleanup=FakeCleanup(),
+        preflight=FakePreflight(), spawner=Spawner(), prober=lambda url, timeout_s: FakeProber(),
+        gpu_monitor=lambda *a, **k: None, open_log=FakeLog, oom_kills=lambda path: None,
     )
     answer = Daemon(cfg, ports)._on_control({"cmd": "restart"})
     assert answer == {"ok": False, "error": "node 1 of group 'kimi' cannot restart alone: the group relaunches as one "

@@ -329,7 +329,7 @@ def test_ready_at_zero_still_counts_as_serving() -> None:
     """A server that became READY at t = 0 and is then stopped for a hang died serving."""
     night = Night(now=-60.0)
     night.ready(after=60.0)
-    assert night.core.ready_at == 0.0
+    assert night.core.run.ready_at == 0.0
     for _ in range(night.cfg.health.failures):
         night.send(ProbeResult(ok=False))
     assert night.state is State.RESTARTING
@@ -380,7 +380,7 @@ def test_starting_to_restarting_on_startup_timeout() -> None:
     actions = night.send(TimerFired(Timer.STARTUP), after=1800.0)
     assert night.state is State.RESTARTING
     assert of(actions, StopServer) == [StopServer(night.cfg.server.stop_grace_s, "startup_timeout")]
-    assert night.core.pending is Cause.STARTUP_TIMEOUT
+    assert night.core.job.cause is Cause.STARTUP_TIMEOUT
 
 
 def test_starting_to_restarting_on_low_headroom_step_down() -> None:
@@ -582,7 +582,7 @@ def test_ready_to_restarting_after_n_failed_probes() -> None:
     actions = night.send(ProbeResult(ok=False, detail="timeout after 30 s"), after=10.0)
     assert night.state is State.RESTARTING
     assert of(actions, StopServer) == [StopServer(night.cfg.health.hang_dump_wait_s, "hang", StopMode.DUMP)]
-    assert night.core.pending is Cause.HANG
+    assert night.core.job.cause is Cause.HANG
 
 
 def test_probe_timer_while_ready_probes_and_rearms_at_a_fixed_rate() -> None:
@@ -664,7 +664,7 @@ def test_good_probe_while_ready_resets_the_failed_probe_count() -> None:
         night.send(ProbeResult(ok=False))
         night.send(ProbeResult(ok=False))
         night.send(ProbeResult(ok=True))
-    assert (night.state, night.core.probe_failures) == (State.READY, 0)
+    assert (night.state, night.core.run.probe_failures) == (State.READY, 0)
 
 
 def test_stable_period_resets_the_backoff_streak() -> None:
@@ -701,17 +701,18 @@ def test_restarting_to_backoff_when_the_requested_stop_is_done() -> None:
     assert night.core.learned.history[-1].exit == "stopped by the supervisor"
 
 
-def test_restarting_to_backoff_without_delay_after_headroom_step_down() -> None:
-    """A preemptive step-down relaunches at once one rung down and is not counted as a crash."""
+def test_restarting_to_preparing_at_once_after_headroom_step_down() -> None:
+    """A preemptive step-down relaunches at once one rung down (no BACKOFF, no timer) and is
+    not counted as a crash."""
     night = Night()
     night.starting()
     night.send(facts(0.82))
     actions = night.send(crash(Cause.OTHER, status=ExitStatus(code=0)))
-    assert night.state is State.BACKOFF
+    assert night.state is State.PREPARING and of(actions, Prepare)
     assert "crash" not in names(actions)
-    assert timers(actions) == {Timer.BACKOFF: 0.0}
+    assert timers(actions) == {}
     assert (night.core.failures, night.core.crash_times) == (0, ())
-    assert launch_of(night.relaunch()).fraction == 0.88
+    assert launch_of(night.send(Prepared())).fraction == 0.88
 
 
 def test_restarting_to_gave_up_when_the_crash_budget_is_spent() -> None:
@@ -1039,7 +1040,7 @@ def test_starting_to_restarting_after_silence() -> None:
         TimerFired(Timer.SILENCE, last_output_at=launched + 5.0), after=night.cfg.health.startup_silence_s + 5.0
     )
     assert night.state is State.RESTARTING
-    assert night.core.pending is Cause.STARTUP_TIMEOUT
+    assert night.core.job.cause is Cause.STARTUP_TIMEOUT
     assert of(actions, StopServer) == [StopServer(night.cfg.server.stop_grace_s, "startup_timeout", StopMode.DRAIN)]
 
 
@@ -1071,12 +1072,69 @@ def test_ready_to_restarting_on_a_restart_request() -> None:
         StopServer(night.cfg.server.stop_grace_s, "operator_restart", StopMode.DRAIN)
     ]
     actions = night.send(Diagnosed(ExitStatus(code=0), Diagnosis(Cause.OTHER, Phase.SERVING)))
-    assert night.state is State.BACKOFF
-    assert timers(actions) == {Timer.BACKOFF: 0.0}
+    assert night.state is State.PREPARING and of(actions, Prepare)
+    assert timers(actions) == {}
     assert "crash" not in names(actions)
     assert night.core.crash_times == ()
-    launch = launch_of(night.relaunch(after=0.0))
+    launch = launch_of(night.send(Prepared()))
     assert launch.fraction == 0.93
+
+
+def test_a_planned_restart_is_one_job_with_one_queue_trip_and_no_backoff() -> None:
+    """The machine's event order for a planned restart: the request makes a job (queued, then
+    run) and RESTARTING; the server's stop, in one step, ends the job and goes RESTARTING ->
+    PREPARING with the relaunch scheduled at once. No BACKOFF state, no timer to wait for."""
+    night = Night()
+    night.ready()
+    requested = night.send(RestartRequested("sglang-supervisor restart"))
+    assert names(requested) == ["job_queued", "job_started", "state_changed"]
+    assert emitted(requested, "job_queued")["job_type"] == "restart"
+    assert emitted(requested, "state_changed")["to"] == "RESTARTING"
+    stopped = night.send(Diagnosed(ExitStatus(code=0), Diagnosis(Cause.OTHER, Phase.SERVING)))
+    assert names(stopped) == ["job_done", "state_changed", "restart_scheduled"]
+    assert (emitted(stopped, "state_changed")["from"], emitted(stopped, "state_changed")["to"]) == (
+        "RESTARTING", "PREPARING")
+    assert emitted(stopped, "restart_scheduled")["delay_s"] == 0.0
+    assert of(stopped, Prepare) and not of(stopped, SetTimer)
+    assert night.core.job is None and night.core.queued is None
+    night.send(Prepared())
+    assert night.state is State.STARTING and night.core.attempt == 2
+
+
+def test_a_restart_asked_for_while_preparing_is_merged_into_that_launch() -> None:
+    """systemd merges a restart job into a start under way: so does the core."""
+    night = Night()
+    night.send(Boot())
+    actions = night.send(RestartRequested("now"))
+    assert names(actions) == ["job_queued", "job_done"]
+    assert "merged" in emitted(actions, "job_done")["detail"]
+    assert night.state is State.PREPARING and night.core.queued is None
+
+
+def test_a_restart_asked_for_while_a_crash_is_read_runs_in_backoff() -> None:
+    """A restart that cannot run while the crash is diagnosed waits, then prepares at once
+    from BACKOFF with the crash budget afresh."""
+    night = Night()
+    night.ready()
+    night.send(Died(ExitStatus(signal=SIGKILL)))
+    assert night.state is State.EXITED
+    queued = night.send(RestartRequested("now"))
+    assert names(queued) == ["job_queued"] and night.core.queued is not None
+    actions = night.send(crash(Cause.OTHER, phase=Phase.SERVING))
+    assert night.state is State.PREPARING and night.core.crash_times == ()
+    assert names(actions)[-2:] == ["state_changed", "job_done"] and "job_started" in names(actions)
+
+
+def test_a_stop_cancels_the_restart_under_way() -> None:
+    night = Night()
+    night.ready()
+    night.send(RestartRequested("rolling restart"))
+    actions = night.send(StopRequested("SIGTERM"))
+    assert night.state is State.STOPPING
+    assert emitted(actions, "job_cancelled")["job_type"] == "restart"
+    assert emitted(actions, "job_started")["job_type"] == "stop"
+    done = night.send(Diagnosed(ExitStatus(code=0), None))
+    assert night.state is State.STOPPED and emitted(done, "job_done")["job_type"] == "stop"
 
 
 def test_backoff_to_preparing_on_a_restart_request() -> None:

@@ -30,14 +30,14 @@ if TYPE_CHECKING:
 
     from structlog.typing import FilteringBoundLogger
 
-    from supervisor.core.config import Config, GpuConfig
+    from supervisor.core.config import Config
     from supervisor.core.events import Event, EventSink
     from supervisor.core.model import ExitStatus
 
 __all__ = [
     "Check", "Cleanup", "ControlHandle", "ControlHandler", "ControlReply", "ControlStarter", "GpuInfo", "GpuMonitorFactory", "GpuProbe",
     "GpuProbeError", "GpuProcess", "LogOpener", "Monitor", "NoneProbe", "NullNotifier", "OomKillReader",
-    "Ports", "Preflight", "ProbeOutcome", "Prober", "ProberFactory", "ProcInfo", "ProcessError", "Router", "RouterError", "RouterWorker",
+    "Ports", "Preflight", "UnitPorts", "ProbeOutcome", "Prober", "ProberFactory", "ProcInfo", "ProcessError", "Router", "RouterError", "RouterWorker",
     "ControlError", "Etcd", "EtcdError", "FleetStore", "KeyValue", "Leadership", "Lease", "WatchEvent", "ReapedChild", "ReaperError", "ReaperHandle", "ReaperStarter",
     "ServerHandle", "ServerLog", "ServerSpawner", "StaleReport", "Store", "StoreError", "VersionReader",
 ]
@@ -519,12 +519,14 @@ class NullNotifier:
         return None
 
 
-@dataclass
-class Ports:
-    """The adapters the daemon drives; the CLI builds the real ones, tests their fakes."""
+@dataclass(frozen=True, slots=True)
+class UnitPorts:
+    """What one server's unit reaches the world through: its own state store, the probe of
+    its GPUs and its own sinks (its metrics, its alerts), and the adapters all units share.
+    A daemon of one ``[server]`` has one of these, a daemon of several one per server: one
+    server is a list of one (``Ports.units``)."""
 
     store: Store
-    sinks: list[EventSink]
     logger: FilteringBoundLogger
     cleanup: Cleanup
     preflight: Preflight
@@ -532,33 +534,43 @@ class Ports:
     prober: ProberFactory
     gpu_monitor: GpuMonitorFactory
     open_log: LogOpener
-    start_control: ControlStarter
     oom_kills: OomKillReader
     gpu_probe: GpuProbe = field(default_factory=NoneProbe)
+    sinks: Sequence[EventSink] = ()
     router: Router | None = None  # SGLang's router's client when [router] enabled
-    # Several [[server]] entries: each server's state store (by its state directory), GPU
-    # probe (of its [gpu] indices) and own sinks (its metrics and alerts, by name).
-    store_at: Callable[[str], Store] | None = None
-    gpu_probe_for: Callable[[GpuConfig], GpuProbe] | None = None
-    server_sinks: Mapping[str, Sequence[EventSink]] = field(default_factory=dict)
     # [group]: the etcd client (adapters.etcd.EtcdClient, not connected) the group sync uses.
     group_etcd: Etcd | None = None
-    notifier: SdNotifier = field(default_factory=NullNotifier)  # sdnotify.Notifier in production
+    # [fleet] on: etcd's client (connected on first use) and the SGLang version reader.
+    fleet_store: FleetStore | None = None
+    sglang_version: VersionReader | None = None
+    # (url, timeout_s) -> SGLang's /metrics reader, for a server run with --enable-metrics.
+    kv_reader: Callable[[str, float], KvReader] | None = None
     rng: random.Random = field(default_factory=random.Random)
-    reload: Callable[[], Config] | None = None  # SIGHUP: re-read the config
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    host: str = field(default_factory=socket.gethostname)
+
+
+@dataclass
+class Ports:
+    """The daemon's own ports: what there is one of (its state directory's lock, its sinks,
+    the control socket, systemd, signals, the orphan reaper), and each server's
+    (``units``: a server's config -> its ``UnitPorts``). The CLI builds the real ones, tests
+    their fakes."""
+
+    store: Store  # the daemon's state directory: its lock (a single server's store too)
+    sinks: list[EventSink]
+    logger: FilteringBoundLogger
+    start_control: ControlStarter
+    units: Callable[[Config], UnitPorts]
+    notifier: SdNotifier = field(default_factory=NullNotifier)  # sdnotify.Notifier in production
+    reload: Callable[[], Config] | None = None  # SIGHUP: re-read the config
     host: str = field(default_factory=socket.gethostname)
     install_signals: bool = True
     # Reaping orphans (a child subreaper, or PID 1 in a container): only for a daemon that
     # owns its process (the CLI's), never one embedded in another program (tests).
     reaper: ReaperStarter | None = None
-    # [fleet] on: etcd's client (connected on first use) and the SGLang version reader.
-    fleet_store: FleetStore | None = None
-    sglang_version: VersionReader | None = None
     # A shutdown past its deadline (docs/reliability.md): the retained `offline` published
     # over fresh connections, bounded by the seconds given; then the process ends at once
     # with the code given (os._exit). Both only for a daemon that owns its process.
     publish_offline: Callable[[float], Awaitable[None]] | None = None
     hard_exit: Callable[[int], None] | None = None
-    # (url, timeout_s) -> SGLang's /metrics reader, for a server run with --enable-metrics.
-    kv_reader: Callable[[str, float], KvReader] | None = None

@@ -39,7 +39,7 @@ async def run_daemon_async(
     from supervisor.adapters import cleanup, control, gpu, reaper
     from supervisor.adapters.cgroup import cgroup_oom_kills
     from supervisor.adapters.health import HealthProber, KvMetricsReader
-    from supervisor.adapters.ports import Ports
+    from supervisor.adapters.ports import Ports, UnitPorts
     from supervisor.adapters.process import RotatingLog, ServerProcess
     from supervisor.adapters.sdnotify import Notifier
     from supervisor.adapters.store import StateStore
@@ -98,34 +98,33 @@ async def run_daemon_async(
             raise ConfigError("no config file to reload")
         return load_config(config_path, overrides)
 
+    # One store per state directory: a single [server]'s is the daemon's own (its lock).
+    stores = {cfg.state.dir: StateStore(cfg.state.dir)}
+
+    def unit_ports(unit: Config) -> UnitPorts:
+        """A server's own ports (its store, a probe of its GPUs, its sinks) and the shared ones."""
+        return UnitPorts(
+            store=stores.setdefault(unit.state.dir, StateStore(unit.state.dir)), logger=logger, cleanup=cleanup,
+            preflight=preflight, spawner=ServerProcess, prober=HealthProber, gpu_monitor=gpu.GpuMonitor,
+            open_log=RotatingLog, oom_kills=cgroup_oom_kills, gpu_probe=registry.make_probe(unit.gpu),
+            sinks=server_sinks.get(unit_name(unit), ()), router=router, group_etcd=group_etcd, fleet_store=fleet_store,
+            sglang_version=read_sglang_version if fleet_store is not None else None, kv_reader=KvMetricsReader,
+            host=host,
+        )
+
     ports = Ports(
-        store=StateStore(cfg.state.dir),
+        store=stores[cfg.state.dir],
         sinks=sinks,
         logger=logger,
-        cleanup=cleanup,
-        preflight=preflight,
-        spawner=ServerProcess,
-        prober=HealthProber,
-        kv_reader=KvMetricsReader,
-        gpu_monitor=gpu.GpuMonitor,
-        open_log=RotatingLog,
         start_control=control.serve,
-        oom_kills=cgroup_oom_kills,
-        gpu_probe=registry.make_probe(cfg.gpu),
-        store_at=StateStore,
-        gpu_probe_for=registry.make_probe,
-        server_sinks=server_sinks,
-        group_etcd=group_etcd,
+        units=unit_ports,
         notifier=Notifier.from_env(),
         reload=reload,
         host=host,
         install_signals=install_signals,
-        router=router,
         # A daemon that owns its process's signals owns its children too: it reaps orphans.
         # One embedded in another program (install_signals=False) leaves them to it.
         reaper=reaper.start if install_signals else None,
-        fleet_store=fleet_store,
-        sglang_version=read_sglang_version if fleet_store is not None else None,
         publish_offline=lambda timeout_s: publish_offline(alerters, timeout_s),
         # Past the shutdown's deadline a daemon that owns its process ends it at once.
         hard_exit=os._exit if install_signals else None,
@@ -138,8 +137,8 @@ async def run_daemon_async(
         return await daemon.run()
     finally:
         await cancel_and_wait([summaries])
-        if ports.router is not None:
-            await ports.router.aclose()
+        if router is not None:
+            await router.aclose()
         if group_etcd is not None:
             await group_etcd.aclose()
         if fleet_store is not None:

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-from supervisor.core.model import Cause, Phase, Remedy, State
+from supervisor.core.model import Cause, JobKind, Phase, Remedy, State
 
 Json = dict[str, Any]  # a nested JSON-able record (a GPU reading, a check, a port holder...)
 
@@ -486,6 +486,46 @@ class RestartScheduled(Event):
     attempt: int  # the next one
     rung: int | None
     mem_fraction_before: float | None  # the one that crashed (or was stopped)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobQueued(Event):
+    """A requested transition was accepted (``core.state.Job``); it runs at once or when the
+    server reaches a state it can run in."""
+
+    kind = "job_queued"
+    job: int
+    job_type: JobKind
+    cause: Cause | None
+    detail: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobStarted(Event):
+    kind = "job_started"
+    job: int
+    job_type: JobKind
+    detail: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobDone(Event):
+    """The job did what it was for (a restart: its server stopped and the relaunch prepared;
+    a stop: its server stopped). ``detail`` says how (``merged``: another job or launch did
+    it)."""
+
+    kind = "job_done"
+    job: int
+    job_type: JobKind
+    detail: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobCancelled(Event):
+    kind = "job_cancelled"
+    job: int
+    job_type: JobKind
+    by: str  # what superseded it (a stop, a give-up, a death)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

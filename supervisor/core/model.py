@@ -119,6 +119,25 @@ class State(enum.StrEnum):
     WAITING = "WAITING"  # a group node: waiting for the group's next generation ([group])
 
 
+class JobKind(enum.StrEnum):
+    """A requested transition of the server, in systemd's sense of a job: queued, run, then
+    done or cancelled (``core.state.Job``). Who asks: an operator (restart), the daemon (stop),
+    the core itself (a climb, a step-down, a recovery, the group's new generation)."""
+
+    RESTART = "restart"  # an operator's planned restart: drained, relaunched at once, same flags
+    CLIMB = "climb"  # drained, relaunched at once at a higher fraction (``Job.target``)
+    STEP_DOWN = "step_down"  # too little headroom after start-up: drained, relaunched one rung lower
+    RECOVER = "recover"  # a hang or a start that never ends: stopped, then a crash's backoff
+    REGROUP = "regroup"  # [group]: the group's generation ended: stopped, then wait for the next
+    STOP = "stop"  # the daemon stops the server for good
+
+    @property
+    def immediate(self) -> bool:
+        """Relaunched at once when its stop is done (RESTARTING -> PREPARING): no backoff, no
+        crash counted."""
+        return self in (JobKind.RESTART, JobKind.CLIMB, JobKind.STEP_DOWN)
+
+
 @dataclass(frozen=True, slots=True)
 class Diagnosis:
     """What a crash log says, read the way an experienced engineer reads it."""

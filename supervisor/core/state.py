@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from supervisor.core.capacity import MemoryModel, Recommendation, recommend
 from supervisor.core.config import Config
 from supervisor.core.fleet import FleetOom
-from supervisor.core.model import Cause, Phase, Remedy, StartupFacts, State
+from supervisor.core.model import Cause, JobKind, Phase, Remedy, StartupFacts, State
 
 HISTORY_LIMIT = 200
 FLEET_PENDING_LIMIT = 50  # lessons kept for the fleet while etcd is away; the rung is kept anyway
@@ -205,24 +205,48 @@ class Learned:
 
 
 @dataclass(frozen=True, slots=True)
+class Run:
+    """What one launch has, and only while it lives: a launch replaces the whole record
+    (``Run(attempt=n + 1, launched_at=now)``), so nothing of the last one leaks into it."""
+
+    attempt: int = 0  # this launch's number since the daemon started (0: none yet)
+    pid: int | None = None
+    launched_at: float | None = None  # monotonic
+    ready_at: float | None = None  # monotonic; set at READY
+    probe_failures: int = 0  # in a row, while READY
+    headroom_checked: bool = False  # the headroom guard ran for this launch
+    facts: StartupFacts | None = None  # what its start-up lines said
+    part_died: str = ""  # "sglang::scheduler (pid 12)": a process of the tree that died first
+    recommendation_told: bool = False  # the recommendation went out since the launch
+    kv_queue: int | None = None  # SGLang's queue at the last /metrics reading
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A requested transition (``JobKind``), in systemd's sense: queued, run, then done or
+    cancelled, each with its event (``JobQueued``, ``JobStarted``, ``JobDone``,
+    ``JobCancelled``). One runs at a time (``Core.job``); one more may wait (``Core.queued``)."""
+
+    id: int
+    kind: JobKind
+    cause: Cause | None  # what the crash history and the events call it (operator_restart, climb, hang...; a stop: None)
+    detail: str  # why, in words
+    target: float | None = None  # CLIMB: the fraction it climbs to
+
+
+@dataclass(frozen=True, slots=True)
 class Core:
     state: State
     learned: Learned
-    attempt: int = 0  # launches since the daemon started
-    pid: int | None = None
-    launched_at: float | None = None
-    ready_at: float | None = None
+    run: Run = Run()  # the launch that runs (or ran last)
+    job: Job | None = None  # the requested transition under way
+    queued: Job | None = None  # one more, waiting for the state it can run in
+    jobs: int = 0  # jobs made since the daemon started (their ids)
     failures: int = 0  # crash streak (resets after a stable period)
     crash_times: tuple[float, ...] = ()  # monotonic, for the give-up window
-    probe_failures: int = 0
-    pending: Cause | None = None  # why we are stopping the server to relaunch it
-    pending_detail: str = ""
     last_cause: Cause | None = None
     recovering_from: Cause | None = None  # cause of the crash the next ready recovers from
-    headroom_checked: bool = False
-    facts: StartupFacts | None = None
     reason: str = ""  # why the last transition happened (status, gave-up reason)
-    part_died: str = ""  # "sglang::scheduler (pid 12)": a process of the tree that died first
     generation: int = 0  # [group]: the group generation this node runs (or last ran)
     fleet_key: str = ""  # the fleet key of the configuration being launched ("" = not known)
     # KV pressure while serving (monotonic times): the last signal, signals not yet told,
@@ -230,19 +254,24 @@ class Core:
     kv_pressure_at: float | None = None
     kv_signals: int = 0
     kv_told_at: float | None = None
-    kv_queue: int | None = None  # SGLang's queue at the last /metrics reading
-    # The climb ([policy] climb): when the last one began, its target while RESTARTING, and
-    # the last stable fraction while the higher one is on probation.
+    # The climb ([policy] climb): when the last one began, and the last stable fraction while
+    # the higher one is on probation (its target is the CLIMB job's).
     climb_at: float | None = None
-    climb_to: float | None = None
     climb_from: float | None = None
-    recommendation_told: bool = False  # the recommendation went out since the launch
 
     @classmethod
     def initial(cls, learned: Learned) -> Core:
         return cls(State.STOPPED, learned)
 
     @property
+    def pid(self) -> int | None:
+        return self.run.pid
+
+    @property
+    def attempt(self) -> int:
+        return self.run.attempt
+
+    @property
     def phase(self) -> Phase:
-        served = self.state is State.READY or self.ready_at is not None
+        served = self.state is State.READY or self.run.ready_at is not None
         return Phase.SERVING if served else Phase.STARTING

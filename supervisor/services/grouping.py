@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from supervisor.adapters.ports import Etcd, EtcdError, KeyValue, Lease, ProbeOutcome, WatchEvent
-from supervisor.aio import Backoff, Reconnect, cancel_and_wait, within
+from supervisor.aio import Backoff, Reconnect, TaskScope, within
 from supervisor.core import events as ev
 from supervisor.core.config import Config
 from supervisor.core.fleet import parse_flags
@@ -61,9 +61,10 @@ class GroupSync:
 
     def __init__(
         self, etcd: Etcd, cfg: Config, *, config_hash: str, host: str, post: Callable[[Event], None],
-        emit: Callable[[ev.Event], None], rng: random.Random | None = None,
+        emit: Callable[[ev.Event], None], rng: random.Random | None = None, tasks: TaskScope | None = None,
     ) -> None:
         self._etcd = etcd
+        self._tasks = tasks or TaskScope("group")  # the unit's: each session's tasks are a child of it
         self.cfg = cfg
         self.group = cfg.group
         self.prefix = f"{GROUP_PREFIX}/{cfg.group.name}"
@@ -167,18 +168,22 @@ class GroupSync:
         self.etcd_up = True
         self.emit(ev.GroupJoined(group=self.group.name, node_rank=self.group.node_rank))
         self._kick.set()
+        # The session's tasks live and die with it; their errors are read here (``on_failure``
+        # leaves them to this wait): an EtcdError ends the session, and the reconnect loop
+        # starts the next.
+        session = self._tasks.child("group-session", on_failure=lambda _task: None)
         tasks = [
-            asyncio.create_task(etcd.keep_alive(lease), name="group-lease"),
-            asyncio.create_task(self._watch(revision + 1), name="group-watch"),
-            asyncio.create_task(self._follow(), name="group-follow"),
-            asyncio.create_task(self._lead(lease), name="group-lead"),
+            session.spawn(etcd.keep_alive(lease), "group-lease"),
+            session.spawn(self._watch(revision + 1), "group-watch"),
+            session.spawn(self._follow(), "group-follow"),
+            session.spawn(self._lead(lease), "group-lead"),
         ]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
                 task.result()  # an EtcdError ends the session
         finally:
-            await cancel_and_wait(tasks)
+            await session.aclose()
 
     async def _watch(self, start_revision: int) -> None:
         """Every change under the group's prefix updates the view and wakes the follower and

@@ -6,13 +6,16 @@ carries out each action and posts what came of it back as the core's next event:
 - ``ServerLife`` (``unit.life``): the launch's life: spawn, watch, probe, stop, diagnose;
 - ``Preparation`` (``unit.prepare``): our old servers off the GPUs, memory released,
   preflight, the fleet's advice;
+- ``HandOver`` (``unit.handover``): the server a killed daemon left, given by the daemon;
 - ``StateFile`` (``unit.statefile``): what is learned and what runs, on disk.
 
 Two verbs cross the line between shell and core: ``post`` (an event into the daemon's one
 queue, which feeds the cores one step at a time) and ``emit`` (an event out to the sinks).
 The router, the group and systemd's status line follow the core's state by subscribing to
 its changes (``_followers``). Slow work runs in tasks that post their outcome, so no
-adapter can delay a decision. A crash of one unit's server never reaches another.
+adapter can delay a decision; every task is the unit's (its ``TaskScope``, a child of the
+daemon's) or its launch's (a child of the unit's, ended when the launch is diagnosed). A
+crash of one unit's server never reaches another.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from supervisor.adapters.ports import GpuProbe, Monitor, Ports, Prober, ServerHandle, Store
-from supervisor.aio import settled, within
+from supervisor.adapters.ports import Monitor, Prober, ServerHandle, UnitPorts
+from supervisor.aio import TaskScope
 from supervisor.core import events as ev
 from supervisor.core import machine
 from supervisor.core.config import Config, alert_instance, unit_name, worker_url
@@ -60,6 +63,7 @@ from supervisor.core.messages import (
 from supervisor.core.model import State, rfc3339
 from supervisor.core.state import Core, Timer
 from supervisor.services.routing import RouterSync
+from supervisor.unit.handover import HandOver
 from supervisor.unit.life import ServerLife
 from supervisor.unit.prepare import Preparation
 from supervisor.unit.statefile import StateFile
@@ -76,40 +80,37 @@ def wall_now() -> str:
 class Host(Protocol):
     """What a unit needs of the daemon that runs it (``supervisor.daemon.Daemon``)."""
 
+    tasks: TaskScope  # the daemon's: each unit's scope is a child of it
+
     def post(self, unit: ServerUnit, event: Event) -> None: ...
 
     def emit(self, event: ev.Event, sinks: Sequence[ev.EventSink] | None = None) -> None: ...
 
-    def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]: ...
-
     def notify_status(self) -> None: ...
 
     async def others_serving(self, unit: ServerUnit) -> bool: ...
-
-    async def hand_over(self, unit: ServerUnit, take_out: Callable[[], Awaitable[None]]) -> None: ...
 
 
 class ServerUnit:
     """One server under supervision (see the module docstring).
 
     ``label`` is the server's name on its events (``server``; empty for a daemon with a
-    single ``[server]``, whose events stay as they always were); ``store`` its state file;
-    ``gpu_probe`` reads only its GPUs; ``sinks`` are its own (its metrics, its alerts),
-    besides the daemon's.
+    single ``[server]``, whose events stay as they always were); ``ports`` are its own (its
+    state file, a probe of only its GPUs, its metrics and alerts besides the daemon's
+    sinks) and the adapters all units share; ``handover`` is its part in replacing a server
+    a killed daemon left.
     """
 
-    def __init__(
-        self, cfg: Config, ports: Ports, host: Host, *, label: str = "", store: Store,
-        gpu_probe: GpuProbe, sinks: Sequence[ev.EventSink] = (),
-    ) -> None:
+    def __init__(self, cfg: Config, ports: UnitPorts, host: Host, *, label: str = "", handover: HandOver) -> None:
         self.cfg = cfg
         self.p = ports
         self.host = host
         self.label = label
         self.name = unit_name(cfg)
-        self.store = store
-        self.gpu_probe = gpu_probe
-        self.sinks = tuple(sinks)
+        self.store = ports.store
+        self.sinks = tuple(ports.sinks)
+        self.handover = handover
+        self.tasks = host.tasks.child(label or "server")
         self.log = ports.logger.bind(server=label) if label else ports.logger
         self.instance = alert_instance(cfg)
         self.core: Core | None = None
@@ -118,11 +119,11 @@ class ServerUnit:
         self.instance_id = ports.cleanup.instance_id(cfg.state.dir)
         head = cfg.group.enabled and cfg.group.node_rank > 0  # node >= 1 asks the group's head
         self.life = ServerLife(
-            cfg, ports, instance_id=self.instance_id, post=self.post, emit=self.emit, spawn=self._spawn,
+            cfg, ports, instance_id=self.instance_id, post=self.post, emit=self.emit, tasks=self.tasks,
             wall_now=wall_now, log=self.log, prober=self._head_prober if head else None,
         )
-        self.prep = Preparation(ports, gpu_probe, instance_id=self.instance_id, emit=self.emit, log=self.log)
-        self.state_file = StateFile(store, log=self.log, emit=self.emit, wall_now=wall_now)
+        self.prep: Preparation | None = None  # once started (``start_background``)
+        self.state_file = StateFile(self.store, log=self.log, emit=self.emit, wall_now=wall_now)
         self._timers: dict[Timer, asyncio.TimerHandle] = {}
         self._moved = asyncio.Event()  # set, and replaced, at every step of the core (``moved``)
         self._followers: list[Callable[[Core], None]] = [
@@ -132,7 +133,6 @@ class ServerUnit:
         self._gpu_monitor: Monitor | None = None
         self._router: RouterSync | None = None  # SGLang's router's view of the server ([router])
         self._router_removal: asyncio.Task[Any] | None = None
-        self._inherited = False  # the server a killed daemon left serves for us until its turn
         self._group: GroupSync | None = None  # [group]: this node's part of the group
         self._fleet: FleetSync | None = None  # [fleet]: the record this server's fleet shares
 
@@ -192,13 +192,17 @@ class ServerUnit:
             case Persist():
                 self._persist()
             case Prepare():
+                assert self.prep is not None, "prepared before start_background"
                 fraction = self.core.learned.fraction if self.core else None
                 self._answer(self.prep.run(self.cfg, fraction), "prepare")
             case Launch() as launch:
-                self._answer(life.launch(launch), "launch")
+                run = life.begin(launch)
+                spawning = self._answer(life.launch(run, launch), "launch", run.tasks)
+                spawning.add_done_callback(lambda _task: run.spawned.set())
             case Probe(read_kv=read_kv):
                 starting = self.core is not None and self.core.state is State.STARTING
-                self._answer(life.probe(starting=starting, tree_grew=self._persist, read_kv=read_kv), "probe")
+                self._answer(life.probe(starting=starting, tree_grew=self._persist, read_kv=read_kv), "probe",
+                             life.probe_tasks())
             case AskClimb(fraction=fraction):
                 self._answer(self._climb_allowed(fraction), "climb")
             case StopServer(grace_s=grace, reason=reason, mode=mode):
@@ -220,32 +224,6 @@ class ServerUnit:
                 if self._fleet is not None:
                     self._fleet.share(wish)
 
-    async def _hand_over(self, pgid: int | None, alive: bool) -> bool:
-        """[router], first preparation: the server the last daemon left. Still serving behind
-        the router, it is replaced one at a time (``Daemon.hand_over``): it serves until
-        another server does, then it is taken out and drained (True). Otherwise its entries
-        are taken out at once, for a dead URL takes no requests (False)."""
-        router = self._router
-        if router is None:
-            return False
-        loop = asyncio.get_running_loop()
-        if not (alive and await router.listed_healthy()):
-            await router.take_out("the last daemon's server is gone", loop.time())
-            return False
-        self._inherited = True
-        self.emit(ev.InheritedServer(step="waiting", pgid=pgid, detail=(
-            "the server the last daemon left still serves behind the router: replaced once another server serves")))
-
-        async def take_out() -> None:
-            self.emit(ev.InheritedServer(step="replacing", pgid=pgid, detail="out of the router, drained, stopped"))
-            await router.take_out("replacing the server the last daemon left", loop.time())
-
-        try:
-            await self.host.hand_over(self, take_out)
-        finally:
-            self._inherited = False
-        return True
-
     async def _climb_allowed(self, fraction: float) -> ClimbAllowed | None:
         """A climb drains this server: behind the router, only while another one serves."""
         if self._router is None or await self.host.others_serving(self):
@@ -262,15 +240,15 @@ class ServerUnit:
             if free is not None:
                 self.post(free)
 
-    def _answer(self, work: Awaitable[Any], name: str) -> None:
-        """Run ``work`` in a task and post what it returns: an event, a list of them, or
-        None (its outcome comes by another way)."""
+    def _answer(self, work: Awaitable[Any], name: str, tasks: TaskScope | None = None) -> asyncio.Task[None]:
+        """Run ``work`` in a task of ``tasks`` (the unit's by default) and post what it
+        returns: an event, a list of them, or None (its outcome comes by another way)."""
         async def answer() -> None:
             outcome = await work
             for event in outcome if isinstance(outcome, list) else [outcome] if outcome is not None else []:
                 self.post(event)
 
-        self._spawn(answer(), name)
+        return (tasks or self.tasks).spawn(answer(), self._task_name(name))
 
     def _timer_fired(self, name: Timer) -> None:
         """A timer is due: the core is told, with when the server last printed a line (what
@@ -293,10 +271,8 @@ class ServerUnit:
         """A stop signals the server only once the router stopped sending it requests (the
         core put ``RouterRemove`` before ``StopServer``), or after ``[router] remove_wait_s``."""
         removal = self._router_removal
-        if removal is None or removal.done():
-            return
-        with contextlib.suppress(TimeoutError):
-            await within(settled(removal), self.cfg.router.remove_wait_s)
+        if removal is not None and not removal.done():
+            await asyncio.wait({removal}, timeout=self.cfg.router.remove_wait_s)
 
     def _head_prober(self) -> Prober:
         """A group node >= 1's health is the group head's READY in our generation."""
@@ -308,8 +284,8 @@ class ServerUnit:
 
     async def serving(self) -> bool:
         """READY, and listed healthy by the router when there is one: it takes traffic."""
-        if self._inherited and self._router is not None:
-            return await self._router.listed_healthy()  # the last daemon's server, until its turn
+        if self.handover.serving:
+            return await self.handover.listed_healthy()  # the last daemon's server, until its turn
         core = self.core
         if core is None or core.state is not State.READY:
             return False
@@ -340,15 +316,15 @@ class ServerUnit:
     # -- start and end ----------------------------------------------------------------------
 
     def start_background(self) -> None:
-        """The state file is read; then this server's GPU monitor, router, group and fleet sync."""
+        """The state file is read; then this server's GPU monitor, router, group and fleet
+        sync, each a task of the unit's; then its preparation, which knows the hand-over."""
         loaded = self.state_file.load(self.cfg)
-        self.prep.recorded = loaded.recorded
         self.core = Core.initial(loaded.learned)
         self._step_taken()
         cfg, p = self.cfg, self.p
         if cfg.gpu.backend != "none":
             self._gpu_monitor = p.gpu_monitor(
-                self.gpu_probe, interval_s=cfg.gpu.interval_s, low_free_bytes=int(cfg.gpu.low_free_warn_gb * 1024**3),
+                p.gpu_probe, interval_s=cfg.gpu.interval_s, low_free_bytes=int(cfg.gpu.low_free_warn_gb * 1024**3),
                 emit=self._gpu_said, on_lost=lambda exc: self.post(GpuLost(str(exc))),
             )
             self._spawn(self._gpu_monitor.run(), "gpu-monitor")
@@ -358,25 +334,27 @@ class ServerUnit:
                 worker_id=loaded.worker_id, rng=p.rng,
             )
             self._spawn(self._router.run(), "router")
-            self.prep.hand_over = self._hand_over
         if cfg.group.enabled and p.group_etcd is not None:
             from supervisor.services.grouping import GroupSync, node_config_hash  # only with [group] on
 
             group = self._group = GroupSync(
                 p.group_etcd, cfg, config_hash=node_config_hash(cfg), host=p.host, post=self.post, emit=self.emit,
-                rng=p.rng,
+                rng=p.rng, tasks=self.tasks,
             )
             self._followers.append(lambda core: group.node_state(core.state, core.pid, core.generation))
             self._spawn(group.run(), "group")
         if cfg.fleet.enabled and p.fleet_store is not None and p.sglang_version is not None:
             from supervisor.services.fleet_sync import FleetSync  # only with [fleet] on
 
-            self._fleet = self.prep.fleet = FleetSync(
+            self._fleet = FleetSync(
                 p.fleet_store, p.sglang_version, prefix=cfg.fleet.prefix, host=p.host, emit=self.emit,
                 shared=lambda entries: self.post(FleetShared(entries)), wall_now=wall_now,
                 timeout_s=cfg.etcd.timeout_s, environ=p.environ, rng=p.rng,
             )
             self._spawn(self._fleet.run(), "fleet")
+        self.handover.found(loaded.recorded, router=self._router, emit=self.emit)
+        self.prep = Preparation(p, instance_id=self.instance_id, handover=self.handover, fleet=self._fleet,
+                                emit=self.emit, log=self.log)
 
     def _router_said(self, event: ev.Event) -> None:
         """The router's news; the worker id it gave is kept in the state file."""
@@ -384,24 +362,19 @@ class ServerUnit:
         if isinstance(event, ev.RouterRegistered | ev.RouterRemoved):
             self._persist()
 
+    def _task_name(self, name: str) -> str:
+        return f"{self.label}:{name}" if self.label else name
+
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
-        return self.host.spawn(coro, f"{self.label}:{name}" if self.label else name)
+        return self.tasks.spawn(coro, self._task_name(name))
 
     async def leave(self) -> None:
         """The daemon is leaving: timers off, and a live server never left behind (out of
-        the router first). Its tasks are cancelled by the daemon next, then ``close``."""
+        the router first), nor one a killed daemon left that still waits for its turn. Its
+        tasks end with its scope next (``close``)."""
         for name in list(self._timers):
             self._cancel_timer(name)
-        inherited = self.prep.pending
-        if inherited is not None:
-            # The last daemon's server, still waiting for its turn: not left behind either.
-            self._inherited = False
-            if self._router is not None:
-                with contextlib.suppress(TimeoutError):
-                    await within(self._router.take_out("the daemon is leaving", asyncio.get_running_loop().time()),
-                                 self.cfg.router.remove_wait_s)
-            await self.p.cleanup.kill_stale(inherited, grace_s=self.cfg.server.stop_grace_s)
-            self.prep.pending = None
+        await self.handover.leave(self.cfg, self.p.cleanup)
         await self.life.leave(self._take_out_for_leaving)
 
     async def _take_out_for_leaving(self) -> None:
@@ -409,13 +382,15 @@ class ServerUnit:
             await self._router.take_out("the daemon is leaving", asyncio.get_running_loop().time())
 
     async def close(self) -> None:
-        """After every task ended: close what this unit holds; a clean stop is recorded."""
+        """The unit's tasks end (its scope, its launch's with it); then what it holds is
+        closed, and a clean stop is recorded."""
+        await self.tasks.aclose()
         if self._group is not None:
             await self._group.aclose()
         await self.life.close()
         with contextlib.suppress(Exception):
-            await self.gpu_probe.aclose()
+            await self.p.gpu_probe.aclose()
         if self.core is not None and self.core.state is State.STOPPED:
-            self.core = replace(self.core, pid=None)
+            self.core = replace(self.core, run=replace(self.core.run, pid=None))
             self._step_taken()
             self._persist()

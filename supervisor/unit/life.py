@@ -18,11 +18,12 @@ import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from supervisor.adapters.ports import KvReader, Ports, Prober, ProcessError, ServerHandle
-from supervisor.aio import settled, within
+from supervisor.adapters.ports import KvReader, Prober, ProcessError, ServerHandle, UnitPorts
+from supervisor.aio import TaskScope, within
 from supervisor.core import events as ev
 from supervisor.core.capacity import KV_PRESSURE_WORDS, NOTHING_RETRACTED, PEAK_STEP_GB
 from supervisor.core.config import Config, http_url
@@ -59,17 +60,35 @@ NOTHING_RAN = ExitStatus(code=None)
 # the real server: a third of it, at one probe every 10 s, on a host with ~200 processes).
 TREE_SCAN_SERVING_S = 60.0
 
-Spawn = Callable[[Awaitable[Any], str], "asyncio.Task[Any]"]
+@dataclass(eq=False)
+class LaunchLife:
+    """One launch, from its spawn to its diagnosis. It owns its task scope (the spawn itself,
+    the watch, the probes), ended as a whole when the launch is diagnosed, and everything
+    that exists only while it runs: its handle, its mark, the parser of its start-up lines."""
+
+    tasks: TaskScope
+    nonce: str  # this launch's mark (ownership.LAUNCH_VAR)
+    spawned: asyncio.Event = field(default_factory=asyncio.Event)  # the spawn ended, whichever way
+    server: ServerHandle | None = None
+    since: float | None = None  # wall time of the spawn (compared with process create times)
+    facts: StartupFactsParser = field(default_factory=StartupFactsParser)
+    ready_total: int | None = None  # the output's length when the server was last READY
+    oom_kills_at_launch: int | None = None
+    status: ExitStatus | None = None  # the main process's end, once the watch saw it
+    least_free: tuple[float, ...] = ()  # GB per GPU since the launch (``ServerLife.least_free``)
+    scanned_at: float = -math.inf  # loop time of the last scan of its tree for new parts
+    spotted_at: float = -math.inf  # monotonic time of the last retraction told
 
 
 class ServerLife:
     """The server's process while it runs (see the module docstring). ``cfg`` is replaced
     on a reload (the next launch uses it); ``prober`` makes the health prober, chosen when
-    the unit is built (a group node >= 1 asks the group's head)."""
+    the unit is built (a group node >= 1 asks the group's head); ``tasks`` is the unit's
+    scope, of which each launch's is a child."""
 
     def __init__(
-        self, cfg: Config, ports: Ports, *, instance_id: str, post: Callable[[Event], None],
-        emit: Callable[[ev.Event], None], spawn: Spawn, wall_now: Callable[[], str], log: FilteringBoundLogger,
+        self, cfg: Config, ports: UnitPorts, *, instance_id: str, post: Callable[[Event], None],
+        emit: Callable[[ev.Event], None], tasks: TaskScope, wall_now: Callable[[], str], log: FilteringBoundLogger,
         prober: Callable[[], Prober] | None = None,
     ) -> None:
         self.cfg = cfg
@@ -78,31 +97,23 @@ class ServerLife:
         self.instance_id = instance_id
         self._post = post
         self._emit = emit
-        self._spawn = spawn
         self._wall_now = wall_now
         self._new_prober = prober or self._health_prober
-        self.server: ServerHandle | None = None
-        self.since: float | None = None  # wall time of the launch (compared with process create times)
-        self.nonce: str | None = None  # this launch's mark (ownership.LAUNCH_VAR)
+        self.tasks = tasks
+        self.run: LaunchLife | None = None  # the launch that runs (until it is diagnosed)
         self._prober: Prober | None = None
-        self._facts: StartupFactsParser | None = None
-        self._ready_total: int | None = None  # the output's length when the server was last READY
-        self._oom_kills_at_launch: int | None = None
-        self._launching: asyncio.Task[Any] | None = None
-        self._watch: asyncio.Task[ExitStatus] | None = None
-        self._probes: set[asyncio.Task[Any]] = set()
         self._kv: KvReader | None = None
-        self._retired: list[Prober | KvReader] = []  # replaced by a reload, to be closed
-        self._spotted_at = -math.inf
-        self._least_free: tuple[float, ...] = ()  # GB per GPU since this launch (``least_free``)
-        self._least_free_of: str | None = None  # the launch they are of
-        self._scanned: tuple[ServerHandle | None, float] = (None, -math.inf)  # (server, loop time) of the last scan
+        self._retired: list[Prober | KvReader] = []  # replaced by a reload, closed when the launch ends
+
+    @property
+    def server(self) -> ServerHandle | None:
+        return self.run.server if self.run is not None else None
 
     def reload(self, cfg: Config) -> None:
         self.cfg = cfg
         # A changed port or path is probed from the next probe on. The old HTTP sessions are
-        # closed by the next probe (one may be in flight now) or at close: dropped unclosed,
-        # aiohttp prints "Unclosed client session" on stderr, in the JSON log (the real soak).
+        # closed when this launch ends (a probe may be using them now) or at close: dropped
+        # unclosed, aiohttp prints "Unclosed client session" on stderr, in the JSON log.
         self._retired += [old for old in (self._prober, self._kv) if old is not None]
         self._prober = None
         self._kv = None
@@ -113,10 +124,23 @@ class ServerLife:
             with contextlib.suppress(Exception):  # a session that cannot close is no reason to stop probing
                 await old.aclose()
 
+    def probe_tasks(self) -> TaskScope:
+        """Where a probe runs: in the launch's scope, so that a late answer cannot speak for
+        the next server."""
+        return self.run.tasks if self.run is not None else self.tasks
+
     # -- spawn ------------------------------------------------------------------------------
 
-    async def launch(self, launch: Launch) -> Launched | LaunchFailed:
-        self._launching = asyncio.current_task()
+    def begin(self, launch: Launch) -> LaunchLife:
+        """A new launch's life (its scope a child of the unit's); ``launch`` spawns it. A last
+        one that never spawned a server (its launch failed) ends here."""
+        last = self.run
+        if last is not None:
+            self.tasks.spawn(self._end(last), f"end-launch-{launch.attempt - 1}")
+        self.run = LaunchLife(self.tasks.child(f"launch-{launch.attempt}"), uuid.uuid4().hex[:16])
+        return self.run
+
+    async def launch(self, run: LaunchLife, launch: Launch) -> Launched | LaunchFailed:
         cfg = self.cfg
         state_dir = Path(cfg.state.dir)
         log = self.p.open_log(
@@ -126,10 +150,9 @@ class ServerLife:
             on_error=lambda why: self._emit(ev.ServerLogWriteFailed(error=why)),
         )
         log.write(f"=== sglang-supervisor launch {launch.attempt} at {self._wall_now()}: {' '.join(launch.argv)}\n".encode())
-        self.nonce = uuid.uuid4().hex[:16]
-        mark = {MARK_VAR: self.instance_id, LAUNCH_VAR: self.nonce}
+        mark = {MARK_VAR: self.instance_id, LAUNCH_VAR: run.nonce}
         env = server_env(cfg.server.pass_env, {**cfg.server.env, **gpu_env(cfg.gpu.indices)}, self.p.environ, mark)
-        self._oom_kills_at_launch = await asyncio.to_thread(self._oom_kills)
+        run.oom_kills_at_launch = await asyncio.to_thread(self._oom_kills)
         try:
             server = await self.p.spawner.spawn(
                 launch.argv, env=env, cwd=cfg.server.cwd or str(state_dir), log=log,
@@ -138,92 +161,92 @@ class ServerLife:
         except ProcessError as exc:
             log.close()
             return LaunchFailed(str(exc))
-        self.server = server
-        self.since = time.time()  # wall clock, not monotonic: compared with processes' create times
-        self._ready_total = None
-        self._facts = StartupFactsParser()
-        server.on_line = self._on_line
+        run.server = server
+        run.since = time.time()  # wall clock, not monotonic: compared with processes' create times
+        server.on_line = lambda line: self._on_line(run, line)
         server.on_part_died = lambda pid, title: self._post(Died(None, pid, title))
-        server.spotted, server.on_spotted = SPOTTED, self._on_spotted  # once start-up is over
+        server.spotted, server.on_spotted = SPOTTED, lambda line: self._on_spotted(run, line)  # once start-up is over
         self._emit(ev.ServerLaunched(
             argv=tuple(launch.argv), mem_fraction_static=launch.fraction, hicache_size_gb=launch.hicache_size_gb,
-            attempt=launch.attempt, pid=server.pid, rung=launch.rung, launch_id=self.nonce,
+            attempt=launch.attempt, pid=server.pid, rung=launch.rung, launch_id=run.nonce,
         ))
-        self._watch = self._spawn(self._watched(server), "watch")
+        run.tasks.spawn(self._watched(run, server), "watch")
         return Launched(server.pid)
 
-    def _on_line(self, line: str) -> None:
-        parser = self._facts
-        if parser is None or not parser.feed(line):
+    def _on_line(self, run: LaunchLife, line: str) -> None:
+        parser = run.facts
+        if not parser.feed(line):
             return
         self._post(FactsUpdated(parser.facts))
-        if parser.facts.ready and self.server is not None:
-            self.server.on_line = None  # start-up is over: stop parsing lines
+        if parser.facts.ready and run.server is not None:
+            run.server.on_line = None  # start-up is over: stop parsing lines
 
-    def _on_spotted(self, line: str) -> None:
+    def _on_spotted(self, run: LaunchLife, line: str) -> None:
         if NOTHING_RETRACTED in line:
             return
         now = time.monotonic()
-        if now - self._spotted_at >= SPOT_EVERY_S:
-            self._spotted_at = now
+        if now - run.spotted_at >= SPOT_EVERY_S:
+            run.spotted_at = now
             source = next((src for _, words, src in KV_PRESSURE_WORDS if words in line), "retraction")
             self._post(KvPressure(source, line[-300:]))
 
     def least_free(self, sample: ev.GpuSample) -> GpuFree | None:
         """Each GPU's least free memory since this launch, when one of them fell lower (by
         ``PEAK_STEP_GB``): the peak the forward passes reached, as NVML sees it."""
-        if self.nonce != self._least_free_of:
-            self._least_free_of, self._least_free = self.nonce, ()
+        run = self.run
+        if run is None:
+            return None
         free = tuple(int(g["free_bytes"]) / GIB for g in sample.gpus)
-        old = self._least_free
+        old = run.least_free
         least = free if len(old) != len(free) else tuple(map(min, free, old))
         if old and not any(new < was - PEAK_STEP_GB for new, was in zip(least, old, strict=True)):
             return None
-        self._least_free = least
+        run.least_free = least
         return GpuFree(tuple(round(x, 3) for x in least))
 
     def mark_ready(self) -> None:
         """The server is READY: what its log holds now did not kill it while serving."""
-        if self.server is not None:
-            self._ready_total = self.server.tail.total
+        if self.run is not None and self.run.server is not None:
+            self.run.ready_total = self.run.server.tail.total
 
     # -- watch ------------------------------------------------------------------------------
 
-    async def _watched(self, server: ServerHandle) -> ExitStatus:
-        """The death is told at once; then the tree is tidied (leftovers killed, output
-        drained, stale probes cancelled), which ``diagnose`` awaits."""
-        status = await server.wait()
-        self._post(Died(status, server.pid))
-        server.kill_leftovers()
-        await server.drain_output(0.5)
-        for task in list(self._probes):
-            task.cancel()  # a late answer must not speak for the next server
-        return status
+    async def _watched(self, run: LaunchLife, server: ServerHandle) -> None:
+        """The main process's death is told at once; ``diagnose`` tidies what it left."""
+        run.status = await server.wait()
+        self._post(Died(run.status, server.pid))
 
     async def diagnose(self, read_log: bool, phase: Phase) -> Diagnosed:
-        """Once the tree is tidied: its log read if the core asked, the handle closed."""
-        server, watch = self.server, self._watch
-        if server is None or watch is None:
+        """The launch ends here: its tree is tidied (leftovers killed, output drained), its
+        tasks end with its scope (a late probe answer must not speak for the next server),
+        its log is read if the core asked, its handle closed."""
+        run = self.run
+        if run is None or run.server is None or run.status is None:
             return Diagnosed(NOTHING_RAN, None)
-        status = await settled(watch)
-        if status is None:
-            return Diagnosed(NOTHING_RAN, None)  # the watch was cancelled: the daemon is leaving
+        server, status = run.server, run.status
+        server.kill_leftovers()
+        await server.drain_output(0.5)
+        await self._end(run)
         diagnosis = None
         if read_log:
             kernel = await asyncio.to_thread(_read_tail, self.cfg.logging.kernel_log)
             oom_after = await asyncio.to_thread(self._oom_kills)
-            before = self._oom_kills_at_launch
+            before = run.oom_kills_at_launch
             delta = None if oom_after is None or before is None else max(0, oom_after - before)
             tail = server.tail.get()
             diagnosis = await asyncio.to_thread(
                 diagnose, tail, exit_status=status, phase=phase, kernel_log=kernel, pids=server.tree_pids(),
-                oom_kill_delta=delta, ready_at=_ready_at(self._ready_total, server.tail.total, tail),
+                oom_kill_delta=delta, ready_at=_ready_at(run.ready_total, server.tail.total, tail),
                 site_rules=self.cfg.diagnosis.rules,
             )
         await server.close()
-        if self.server is server:
-            self.server, self._facts, self._watch = None, None, None
         return Diagnosed(status, diagnosis)
+
+    async def _end(self, run: LaunchLife) -> None:
+        if self.run is run:
+            self.run = None
+        await run.tasks.aclose()
+        await self._close_retired()
 
     # -- probe ------------------------------------------------------------------------------
 
@@ -236,19 +259,13 @@ class ServerLife:
         A probe also looks for new parts of the tree (``tree_grew`` when it found some:
         their pids and create times prove them ours after a daemon crash): each one while
         starting, one a minute while serving (``TREE_SCAN_SERVING_S``)."""
-        task = asyncio.current_task()
-        if task is not None:
-            self._probes.add(task)
-            task.add_done_callback(self._probes.discard)
-        if self._retired and self._probes <= {task}:  # no other probe is using them
-            await self._close_retired()
         if self._prober is None:
             self._prober = self._new_prober()
-        server = self.server
+        run = self.run
+        server = run.server if run is not None else None
         now = asyncio.get_running_loop().time()
-        of, at = self._scanned
-        if server is not None and (starting or of is not server or now - at >= TREE_SCAN_SERVING_S):
-            self._scanned = (server, now)
+        if run is not None and server is not None and (starting or now - run.scanned_at >= TREE_SCAN_SERVING_S):
+            run.scanned_at = now
             known = len(server.tree_pids())
             server.watch_parts(await asyncio.to_thread(server.scan_descendants))
             if len(server.tree_pids()) != known:
@@ -282,13 +299,19 @@ class ServerLife:
 
     # -- stop -------------------------------------------------------------------------------
 
+    async def _spawned(self) -> ServerHandle | None:
+        """The running launch's server, once its spawn ended (None: none, or it failed)."""
+        run = self.run
+        if run is None:
+            return None
+        await run.spawned.wait()
+        return run.server
+
     async def stop(self, grace_s: float, reason: str, mode: StopMode, *,
                    out_of_router: Callable[[], Awaitable[None]]) -> Diagnosed | None:
         """Signal the server once the router stopped sending it requests; its end comes
         back through the watch (``Died``). None ran: ``Diagnosed`` at once."""
-        if self._launching is not None:
-            await settled(self._launching)
-        server = self.server
+        server = await self._spawned()
         if server is None:
             return Diagnosed(NOTHING_RAN, None)  # the launch failed or had not happened
         await out_of_router()
@@ -300,35 +323,36 @@ class ServerLife:
     async def leave(self, take_out: Callable[[], Awaitable[None]]) -> None:
         """The daemon is leaving: a live server (or one whose launch is in flight) is never
         left behind; out of the router first."""
-        if self._launching is not None:
-            await settled(self._launching)
-        server = self.server
+        server = await self._spawned()
         if server is not None and server.returncode is None:
             with contextlib.suppress(TimeoutError):
                 await within(take_out(), self.cfg.router.remove_wait_s)
             await server.stop(self.cfg.server.stop_grace_s)
 
     async def close(self) -> None:
-        if self.server is not None:
-            await self.server.close()
+        run = self.run
+        if run is not None:
+            if run.server is not None:
+                await run.server.close()
+            await self._end(run)
         if self._prober is not None:
             await self._prober.aclose()
         if self._kv is not None:
             await self._kv.aclose()
         await self._close_retired()
-        self._facts = None
 
     # -- what the state file keeps ----------------------------------------------------------
 
     def record(self, pid: int | None) -> dict[str, Any]:
         """The running server as the state file keeps it (``pid``: the core's, when no
         handle is held: a server a previous daemon left)."""
-        server = self.server
+        run = self.run
+        server = run.server if run is not None else None
         return {
             "server_pid": server.pid if server else pid,
             "server_pgid": server.pgid if server else pid,
-            "server_since": self.since if server else None,
-            "server_launch": self.nonce if server else None,
+            "server_since": run.since if run and server else None,
+            "server_launch": run.nonce if run and server else None,
             "server_tree": [list(t) for t in server.tree()] if server else [],
         }
 

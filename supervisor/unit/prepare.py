@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from supervisor.adapters.ports import GpuInfo, GpuProbe, GpuProbeError, Ports, StaleReport
+from supervisor.adapters.ports import GpuInfo, GpuProbeError, StaleReport, UnitPorts
 from supervisor.core import events as ev
 from supervisor.core.config import Config
 from supervisor.core.messages import Event, Finding, Prepared, PrepareFailed
 from supervisor.services import release
+from supervisor.unit.handover import HandOver
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
@@ -26,33 +26,20 @@ if TYPE_CHECKING:
     from supervisor.services.fleet_sync import FleetSync
 
 
-@dataclass
-class Recorded:
-    """The last server a previous daemon recorded (its state file): what proves its
-    leftovers ours (``cleanup.find_stale``)."""
-
-    pgid: int | None = None
-    since: float | None = None  # wall time of that launch (pgid reuse guard)
-    tree: list[tuple[int, float]] = field(default_factory=list)  # (pid, create time) seen in that tree
-
-
 class Preparation:
+    """One unit's preparations (see the module docstring): given, when the unit starts, the
+    hand-over of a server a previous daemon left and, with ``[fleet]``, the fleet's sync."""
+
     def __init__(
-        self, ports: Ports, gpu_probe: GpuProbe, *, instance_id: str, emit: Callable[[ev.Event], None],
-        log: FilteringBoundLogger,
+        self, ports: UnitPorts, *, instance_id: str, handover: HandOver, fleet: FleetSync | None,
+        emit: Callable[[ev.Event], None], log: FilteringBoundLogger,
     ) -> None:
         self.p = ports
-        self.gpu_probe = gpu_probe
         self.instance_id = instance_id
+        self.handover = handover
+        self.fleet = fleet
         self._emit = emit
         self.log = log
-        self.recorded = Recorded()
-        self.fleet: FleetSync | None = None  # [fleet]: set once its sync runs
-        # [router]: what to do with the server the last daemon left (alive or not) before it
-        # is stopped; True when it was taken out of the router to be drained (it is then given
-        # the whole stop grace period). ``ServerUnit._hand_over``.
-        self.hand_over: Callable[[int | None, bool], Awaitable[bool]] | None = None
-        self.pending: StaleReport | None = None  # that server, while it waits for its turn
 
     async def run(self, cfg: Config, fraction: float | None) -> list[Event]:
         """Clear our old servers off the GPUs, wait for memory, run preflight (``fraction``:
@@ -68,14 +55,13 @@ class Preparation:
     async def _run(self, cfg: Config, fraction: float | None) -> list[Event]:
         gpus = await self._sample_or_none()
         holders = {p.pid: (g.index, p.used_bytes) for g in gpus for p in g.processes}
-        recorded = self.recorded
-        report = await self._find_stale(cfg, recorded, list(holders))
+        handover = self.handover
+        report = await self._find_stale(cfg, list(holders))
         drained = False
-        if recorded.pgid is not None and self.hand_over is not None:  # a server the last daemon left
-            self.pending = report if report.ours else None
-            drained = await self.hand_over(recorded.pgid, bool(report.ours))
+        if handover.left:  # a server the last daemon left
+            drained = await handover.drain(report)
             if drained:
-                report = await self._find_stale(cfg, recorded, list(holders))  # it may have forked meanwhile
+                report = await self._find_stale(cfg, list(holders))  # it may have forked meanwhile
         for proc in report.foreign:
             index, used = holders.get(proc.pid, (None, None))
             self._emit(ev.ForeignGpuProcess(pid=proc.pid, name=proc.name, cmdline=proc.cmdline,
@@ -92,11 +78,10 @@ class Preparation:
             self._emit(ev.OrphansKilled(
                 pids=tuple(killed), titles=tuple(p.name for p in report.ours), reasons=tuple(p.reason for p in report.ours),
             ))
-        self.pending = None
-        self.recorded = Recorded(since=recorded.since)
+        handover.cleared()
         if cfg.gpu.backend != "none":
             result = await release.wait_until_released(
-                self.gpu_probe, min_free_share=cfg.gpu.free_share_min, timeout_s=cfg.gpu.release_timeout_s,
+                self.p.gpu_probe, min_free_share=cfg.gpu.free_share_min, timeout_s=cfg.gpu.release_timeout_s,
                 poll_s=min(1.0, cfg.gpu.interval_s),
             )
             if result.error is not None and result.error.lost:
@@ -108,7 +93,7 @@ class Preparation:
             elif not result.ok:
                 self._emit(result.stuck_event(cfg.gpu.release_timeout_s, fraction))
                 return [PrepareFailed(Finding.GPU_STUCK, result.describe(cfg.gpu.free_share_min), permanent=True)]
-        checks = await self.p.preflight.run_preflight(cfg, self.gpu_probe, degraded_ok=True)
+        checks = await self.p.preflight.run_preflight(cfg, self.p.gpu_probe, degraded_ok=True)
         failed = [c for c in checks if not c.ok]
         if failed:
             self._emit(ev.PreflightFailed(
@@ -124,7 +109,8 @@ class Preparation:
             return [await self.fleet.advice(cfg, gpus or await self._sample_or_none()), Prepared()]
         return [Prepared()]
 
-    async def _find_stale(self, cfg: Config, recorded: Recorded, gpu_pids: list[int]) -> StaleReport:
+    async def _find_stale(self, cfg: Config, gpu_pids: list[int]) -> StaleReport:
+        recorded = self.handover.recorded
         return await asyncio.to_thread(
             self.p.cleanup.find_stale,
             recorded_pgid=recorded.pgid,
@@ -138,6 +124,6 @@ class Preparation:
 
     async def _sample_or_none(self) -> list[GpuInfo]:
         try:
-            return await self.gpu_probe.sample()
+            return await self.p.gpu_probe.sample()
         except GpuProbeError:
             return []

@@ -15,7 +15,7 @@ from supervisor.core import events as ev
 from supervisor.core.config import Config
 from supervisor.core.ownership import recorded_server
 from supervisor.core.state import Core, Learned
-from supervisor.unit.prepare import Recorded
+from supervisor.unit.handover import Recorded
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
