@@ -55,6 +55,10 @@ VIOLATIONS = [
     ("core/diagnosis.py", "import psutil", "the core does no I/O"),
     ("sinks/journal.py", "import matplotlib", "the daemon never imports the report or matplotlib"),
     ("cli/run.py", "import supervisor.report.chart", "the daemon never imports the report or matplotlib"),
+    ("services/preflight.py", "import supervisor.adapters.cleanup", "services reach adapters only through the ports"),
+    ("services/preflight.py", "import supervisor.adapters.store", "services reach adapters only through the ports"),
+    ("services/daily.py", "import supervisor.sinks.journal", "services reach adapters only through the ports, and no sink"),
+    ("services/daily.py", "import supervisor.adapters.ports", None),  # the ports: allowed
 ]
 
 

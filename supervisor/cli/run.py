@@ -103,7 +103,7 @@ async def run_daemon_async(
         sinks=sinks,
         logger=logger,
         cleanup=cleanup,
-        preflight=preflight,
+        preflight=preflight.HostPreflight(cleanup),
         spawner=ServerProcess,
         prober=HealthProber,
         kv_reader=KvMetricsReader,
@@ -166,6 +166,8 @@ def start_daily_summaries(daemon: Any, logger: Any) -> asyncio.Task[None]:
     import time
 
     from supervisor.services import daily
+    from supervisor.sinks.gpuring import read_ring
+    from supervisor.sinks.journal import read_journal
 
     def emit(name: str, event: Any) -> None:
         daemon.unit(name).emit(event)
@@ -174,7 +176,9 @@ def start_daily_summaries(daemon: Any, logger: Any) -> asyncio.Task[None]:
         if not task.cancelled() and task.exception() is not None:
             logger.error("task_failed", task="daily-summary", error=repr(task.exception())[:300])
 
-    task = asyncio.create_task(daily.run(lambda: daemon.cfg, emit, clock=time.time), name="daily-summary")
+    readers = daily.Readers(journal=read_journal, ring=read_ring)
+    task = asyncio.create_task(daily.run(lambda: daemon.cfg, emit, clock=time.time, readers=readers),
+                               name="daily-summary")
     task.add_done_callback(done)
     return task
 
