@@ -18,10 +18,11 @@ from supervisor.core.config import config_from_overrides
 from supervisor.core.model import Cause, Phase, Remedy, State
 from supervisor.services import daily
 from supervisor.sinks.alerts import MqttAlerter, build_alert
-from supervisor.sinks.gpuring import GpuRingSink
-from supervisor.sinks.journal import JournalSink
+from supervisor.sinks.gpuring import GpuRingSink, read_ring
+from supervisor.sinks.journal import JournalSink, read_journal
 
 PARIS = ZoneInfo("Europe/Paris")
+READERS = daily.Readers(journal=read_journal, ring=read_ring)  # what the composition root hands in
 START = datetime(2026, 3, 28, 22, 0, tzinfo=PARIS).timestamp()  # the night before the spring change
 
 
@@ -65,7 +66,7 @@ def cfg_for(state: Path, **report: str):
 def test_the_summary_has_the_key_figures(tmp_path):
     write_night(tmp_path, START)
     now = START + 10 * 3600
-    s = daily.summary(cfg_for(tmp_path), now)
+    s = daily.summary(cfg_for(tmp_path), now, READERS)
     assert (s.crashes, s.causes, s.state) == (1, ("cuda_oom_runtime x 1",), "READY")
     assert (s.mem_fraction_static, s.next_mem_fraction_static) == (0.93, 0.88)
     assert s.lost_s == 120.0 and s.open_problems == () and s.least_free_gb == pytest.approx(0.78, abs=0.01)
@@ -110,7 +111,7 @@ async def test_summaries_come_at_0830_local_time_across_the_spring_change(tmp_pa
         got.append((name, clock.t, e))
         clock.frozen = len(got) >= 2  # no third day before the test looks
 
-    task = asyncio.create_task(daily.run(lambda: cfg, emit, clock=clock, sleep=clock.sleep))
+    task = asyncio.create_task(daily.run(lambda: cfg, emit, clock=clock, readers=READERS, sleep=clock.sleep))
     while len(got) < 2:
         await asyncio.sleep(0.01)
     task.cancel()
@@ -128,7 +129,7 @@ async def test_a_clock_set_forward_does_not_delay_the_summary(tmp_path):
     clock = FakeClock(datetime(2026, 6, 1, 7, 0, tzinfo=PARIS).timestamp())
     got: list[float] = []
     cfg = cfg_for(tmp_path, daily_at="08:30", timezone="Europe/Paris")
-    task = asyncio.create_task(daily.run(lambda: cfg, lambda name, e: got.append(clock.t), clock=clock, sleep=clock.sleep))
+    task = asyncio.create_task(daily.run(lambda: cfg, lambda name, e: got.append(clock.t), clock=clock, readers=READERS, sleep=clock.sleep))
     await asyncio.sleep(0.05)
     clock.t += 2 * 3600  # 09:00+: past 08:30
     while not got:
@@ -147,7 +148,7 @@ async def test_the_daily_summary_is_published_over_mqtt(tmp_path):
     if shutil.which("mosquitto") is None and not Path("/usr/sbin/mosquitto").exists():
         pytest.fail("mosquitto is missing: scripts/install-system-deps installs it")
     write_night(tmp_path / "state", START)
-    summary = daily.summary(cfg_for(tmp_path / "state"), START + 10 * 3600)
+    summary = daily.summary(cfg_for(tmp_path / "state"), START + 10 * 3600, READERS)
     broker = Broker(tmp_path / "broker")
     broker.start()
     try:
@@ -187,7 +188,7 @@ async def test_a_reload_sets_and_clears_daily_at(tmp_path):
     now = {"cfg": cfg_for(tmp_path, timezone="Europe/Paris")}
     got: list[float] = []
     task = asyncio.create_task(daily.run(lambda: now["cfg"], lambda name, e: got.append(clock.t), clock=clock,
-                                         sleep=clock.sleep))
+                                         readers=READERS, sleep=clock.sleep))
     while clock.t < datetime(2026, 6, 1, 8, 0, tzinfo=PARIS).timestamp():
         await asyncio.sleep(0)
     assert got == []

@@ -12,6 +12,7 @@ import pytest
 from conftest import free_port
 from test_cleanup import Spawn, spawn  # noqa: F401 - the fixture, shared rather than copied
 
+from supervisor.adapters.cleanup import listeners
 from supervisor.adapters.ports import GpuProbeError
 from supervisor.cli.preflight import add_arguments, run
 from supervisor.core.config import Config, GpuConfig, ServerConfig, StateConfig
@@ -122,7 +123,7 @@ def _config(tmp_path: Path, *, gpus: int = 8, **server: object) -> Config:
 async def test_this_host_refuses_hicache_300_times_tp_8(tmp_path: Path) -> None:
     """On this machine, hicache 300 with tp 8 fails preflight with the arithmetic and this host's real RAM."""
     cfg = _config(tmp_path, tp_size=8, hicache_size_gb=300)
-    checks = {c.name: c for c in await run_preflight(cfg, SimulatedProbe(cfg.gpu.sim_dir))}
+    checks = {c.name: c for c in await run_preflight(cfg, SimulatedProbe(cfg.gpu.sim_dir), listeners=listeners)}
     assert checks["gpu_count"].ok and checks["port"].ok and checks["model_path"].ok
     ram = checks["host_ram"]
     available = round(psutil.virtual_memory().available / GB)
@@ -137,7 +138,7 @@ async def test_foreign_listener_fails_the_port_check(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", cfg.server.port))
         s.listen()
-        checks = {c.name: c for c in await run_preflight(cfg, SimulatedProbe(cfg.gpu.sim_dir))}
+        checks = {c.name: c for c in await run_preflight(cfg, SimulatedProbe(cfg.gpu.sim_dir), listeners=listeners)}
     assert not checks["port"].ok and not checks["port"].permanent
     assert "in use by another process" in checks["port"].detail
     assert f"pid {psutil.Process().pid}" in checks["port"].detail
@@ -146,7 +147,7 @@ async def test_foreign_listener_fails_the_port_check(tmp_path: Path) -> None:
 async def test_too_few_and_lost_gpus(tmp_path: Path) -> None:
     """Fewer simulated GPUs than tp × dp fail permanently; a lost GPU fails permanently too."""
     cfg = _config(tmp_path, gpus=2, tp_size=4)
-    checks = {c.name: c for c in await run_preflight(cfg, SimulatedProbe(cfg.gpu.sim_dir))}
+    checks = {c.name: c for c in await run_preflight(cfg, SimulatedProbe(cfg.gpu.sim_dir), listeners=listeners)}
     assert not checks["gpu_count"].ok and checks["gpu_count"].permanent
 
     class LostProbe:
@@ -156,7 +157,7 @@ async def test_too_few_and_lost_gpus(tmp_path: Path) -> None:
         async def aclose(self) -> None:
             return None
 
-    checks = {c.name: c for c in await run_preflight(cfg, LostProbe())}
+    checks = {c.name: c for c in await run_preflight(cfg, LostProbe(), listeners=listeners)}
     assert checks["gpu_count"].permanent and "GpuIsLost" in checks["gpu_count"].detail
 
 

@@ -11,8 +11,15 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-CORE = sorted(p.stem for p in (REPO / "supervisor" / "core").glob("*.py") if p.stem != "__init__")
-CORE_FILES = [f"supervisor/core/{name}.py" for name in CORE]
+# Every module under supervisor/core, its packages' modules too (``config.load``; a package's
+# ``__init__`` by the package's name), as a dotted name below ``supervisor.core`` and as a file.
+_CORE_DIR = REPO / "supervisor" / "core"
+_CORE_PATHS = {
+    ".".join(p.relative_to(_CORE_DIR).with_suffix("").parts).removesuffix(".__init__"): p
+    for p in _CORE_DIR.rglob("*.py") if p != _CORE_DIR / "__init__.py"
+}
+CORE = sorted(_CORE_PATHS)
+CORE_FILES = [str(_CORE_PATHS[name].relative_to(REPO)) for name in CORE]
 
 mypy_main = pytest.importorskip("mypy.main", reason="mypy comes with the [test] extra")
 

@@ -3,7 +3,7 @@ and the values and errors that cross them.
 
 ``Daemon`` sees only these ``Protocol``s. The CLI (the composition root,
 ``supervisor.cli.run``) passes the real adapters: modules and classes that satisfy them
-structurally (``cleanup``, ``preflight``, ``ServerProcess``, ``RotatingLog``,
+structurally (``cleanup``, ``preflight.HostPreflight``, ``ServerProcess``, ``RotatingLog``,
 ``HealthProber``, ``gpu.GpuMonitor``, ``control.ControlServer.start``,
 ``cgroup.cgroup_oom_kills``). Tests pass fakes of their own
 (``tests/test_daemon_component.py``), so the shell's paths can be driven without a
@@ -280,7 +280,7 @@ class Cleanup(Protocol):
 
 
 class Preflight(Protocol):
-    """The checks before a launch (the ``preflight`` module)."""
+    """The checks before a launch (``services.preflight.HostPreflight``)."""
 
     async def run_preflight(self, cfg: Config, probe: GpuProbe, *, degraded_ok: bool = ...) -> list[Check]: ...
 

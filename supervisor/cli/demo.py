@@ -18,5 +18,6 @@ def run(args: argparse.Namespace) -> int:
     if missing is not None:
         return fail(missing, 1)
     from supervisor.cli.report import demo_report  # the night's report at the end (the daemon never loads it)
+    from supervisor.cli.run import run_daemon_async
 
-    return registry.run_demo(args, demo_report)
+    return registry.run_demo(args, run_daemon_async, demo_report)

@@ -7,7 +7,10 @@ import argparse
 import asyncio
 import json
 from dataclasses import asdict
+from typing import Any
 
+from supervisor.adapters import cleanup
+from supervisor.adapters.store import StateStore
 from supervisor.cli import registry
 from supervisor.core.config import Config
 from supervisor.services.preflight import all_ok, cli_checks, format_table
@@ -18,9 +21,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
 
 
+def read_state(state_dir: str) -> dict[str, Any] | None:
+    """The state file as ``preflight`` reads it: a corrupt one is left where it is (moving it
+    aside is the daemon's business)."""
+    state, _warning = StateStore(state_dir).load(move_aside=False)
+    return state
+
+
 def run(args: argparse.Namespace, cfg: Config) -> int:
     """Print the checks; 0 when all pass, 1 otherwise."""
-    checks = asyncio.run(cli_checks(cfg, registry.make_probe(cfg.gpu)))
+    checks = asyncio.run(cli_checks(cfg, registry.make_probe(cfg.gpu), cleanup=cleanup, read_state=read_state))
     if getattr(args, "json", False):
         print(json.dumps({"ok": all_ok(checks), "checks": [asdict(c) for c in checks]}, indent=2))
     else:

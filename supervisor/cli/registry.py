@@ -54,8 +54,11 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     demo.add_arguments(p)
 
 
-def run_demo(args: argparse.Namespace, write_report: Callable[..., Any] | None = None) -> int:
-    from supervisor.cli.run import run_daemon_async
+def run_demo(
+    args: argparse.Namespace, run_daemon: Callable[..., Any], write_report: Callable[..., Any] | None = None,
+) -> int:
+    """The demo's night, its daemon run by ``run_daemon`` (``cli.run.run_daemon_async``, handed
+    in by ``cli/demo.py``: the registry never imports the composition root, which imports it)."""
     from supervisor.sim import demo
 
-    return demo.run(args, run_daemon_async, write_report)
+    return demo.run(args, run_daemon, write_report)

@@ -105,7 +105,7 @@ async def run_daemon_async(
         """A server's own ports (its store, a probe of its GPUs, its sinks) and the shared ones."""
         return UnitPorts(
             store=stores.setdefault(unit.state.dir, StateStore(unit.state.dir)), logger=logger, cleanup=cleanup,
-            preflight=preflight, spawner=ServerProcess, prober=HealthProber, gpu_monitor=gpu.GpuMonitor,
+            preflight=preflight.HostPreflight(cleanup), spawner=ServerProcess, prober=HealthProber, gpu_monitor=gpu.GpuMonitor,
             open_log=RotatingLog, oom_kills=cgroup_oom_kills, gpu_probe=registry.make_probe(unit.gpu),
             sinks=server_sinks.get(unit_name(unit), ()), router=router, group_etcd=group_etcd, fleet_store=fleet_store,
             sglang_version=read_sglang_version if fleet_store is not None else None, kv_reader=KvMetricsReader,
@@ -165,6 +165,8 @@ def start_daily_summaries(daemon: Any, logger: Any) -> asyncio.Task[None]:
     import time
 
     from supervisor.services import daily
+    from supervisor.sinks.gpuring import read_ring
+    from supervisor.sinks.journal import read_journal
 
     def emit(name: str, event: Any) -> None:
         daemon.unit(name).emit(event)
@@ -173,7 +175,9 @@ def start_daily_summaries(daemon: Any, logger: Any) -> asyncio.Task[None]:
         if not task.cancelled() and task.exception() is not None:
             logger.error("task_failed", task="daily-summary", error=repr(task.exception())[:300])
 
-    task = asyncio.create_task(daily.run(lambda: daemon.cfg, emit, clock=time.time), name="daily-summary")
+    readers = daily.Readers(journal=read_journal, ring=read_ring)
+    task = asyncio.create_task(daily.run(lambda: daemon.cfg, emit, clock=time.time, readers=readers),
+                               name="daily-summary")
     task.add_done_callback(done)
     return task
 

@@ -199,6 +199,119 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _opening(before: Iterable[Record]) -> tuple[str, float | None]:
+    """The state and the fraction the records before the window leave: what carries into it."""
+    state = "STOPPED"
+    fraction: float | None = None
+    for r in before:
+        if r.get("kind") == "state_changed":
+            state = str(r.get("to"))
+        if r.get("kind") == "launch" and _num(r.get("mem_fraction_static")) is not None:
+            fraction = _num(r.get("mem_fraction_static"))
+    return state, fraction
+
+
+@dataclass(slots=True)
+class _Walk:
+    """``summarize``'s reading of the window, record by record (``step``): the bands, the time
+    lost, the markers, the fraction's steps and the launches as they come."""
+
+    state: str
+    band_start: float
+    fraction: float | None
+    fraction_start: float | None
+    bands: list[Band] = field(default_factory=list)
+    serving: float = 0.0
+    lost: dict[str, float] = field(default_factory=lambda: {"crash": 0.0, "restart": 0.0})
+    outage: tuple[str, float] | None = None  # (why, since) until the next READY
+    crash_markers: list[Marker] = field(default_factory=list)
+    restart_markers: list[Marker] = field(default_factory=list)
+    steps: list[tuple[float, float]] = field(default_factory=list)
+    launches: list[Launch] = field(default_factory=list)
+    causes: Counter[str] = field(default_factory=Counter)
+    last_crash: Record | None = None
+    down_since: float | None = None
+
+    def close_band(self, t: float) -> None:
+        if t > self.band_start:
+            self.bands.append(Band(self.state, self.band_start, t))
+            if self.state == SERVING:
+                self.serving += t - self.band_start
+
+    def step(self, r: Record) -> None:
+        t, kind = float(r["t"]), r.get("kind")
+        if kind == "state_changed":
+            self._state_changed(t, r)
+        elif kind == "server_down":
+            self.down_since = t if self.down_since is None else self.down_since
+        elif kind == "crash":
+            self._crash(t, r)
+        elif kind in ("restart_requested", "climb") or (kind == "headroom_low" and r.get("action") == "step_down"):
+            if self.outage is None:
+                self.outage = ("restart", t)
+        elif kind == "restart_scheduled":
+            if r.get("cause") != "climb":  # the climb's own marker says it
+                self._restart_scheduled(t, r)
+        elif kind == "launch":
+            self._launch(t, r)
+        elif kind == "fraction_learned":
+            self._fraction_learned(t, r)
+        elif kind == "startup_facts" and self.launches:
+            self._startup_facts(r)
+
+    def _state_changed(self, t: float, r: Record) -> None:
+        self.close_band(t)
+        self.state, self.band_start = str(r.get("to")), t
+        if self.state == SERVING:
+            self.down_since = None
+        if self.state == SERVING and self.outage is not None:
+            self.lost[self.outage[0]] += t - self.outage[1]
+            self.outage = None
+
+    def _crash(self, t: float, r: Record) -> None:
+        # When it died (the server_down before the diagnosis), not when the log was read.
+        died = self.down_since if self.down_since is not None else t
+        self.down_since = None
+        cause = str(r.get("cause"))
+        self.causes[cause] += 1
+        self.last_crash = r
+        self.crash_markers.append(Marker(died, f"{cause} ({r.get('phase')})", _num(r.get("mem_fraction_static"))))
+        if self.outage is None:
+            self.outage = ("crash", died)
+
+    def _restart_scheduled(self, t: float, r: Record) -> None:
+        last_crash = self.last_crash
+        planned = r.get("cause") is not None and (last_crash is None or r.get("cause") != last_crash.get("cause"))
+        remedy = str(r.get("cause")) if planned else (
+            str(last_crash.get("remedy")) if last_crash is not None else "restart")
+        nxt = _num(r.get("mem_fraction_static"))
+        label = f"{remedy}: restart at {nxt:g}" if nxt is not None else f"{remedy}: restart"
+        self.restart_markers.append(Marker(t, label, nxt))
+
+    def _launch(self, t: float, r: Record) -> None:
+        self.fraction = _num(r.get("mem_fraction_static"))
+        if self.fraction_start is None:
+            self.fraction_start = self.fraction
+        if self.fraction is not None:
+            self.steps.append((t, self.fraction))
+        self.launches.append(Launch(t, _int(r.get("attempt")), self.fraction))
+
+    def _fraction_learned(self, t: float, r: Record) -> None:
+        self.fraction = fraction = _num(r.get("mem_fraction_static"))
+        launches = self.launches
+        if launches and launches[-1].fraction is None and fraction is not None:
+            launches[-1] = Launch(launches[-1].t, launches[-1].attempt, fraction)
+            self.steps.append((t, fraction))
+            self.fraction_start = self.fraction_start if self.fraction_start is not None else fraction
+
+    def _startup_facts(self, r: Record) -> None:
+        last = self.launches[-1]
+        tokens = _int(r.get("max_total_num_tokens")) or last.max_total_num_tokens
+        avail = _num(r.get("avail_mem_after_capture_gb"))
+        self.launches[-1] = Launch(last.t, last.attempt, last.fraction, tokens,
+                                   avail if avail is not None else last.avail_mem_after_capture_gb)
+
+
 def summarize(records: Iterable[Record], *, start: float, end: float, floor: float | None) -> Night:
     """The night between ``start`` and ``end`` (epoch seconds) from the journal's records."""
     ordered = sorted((r for r in records if isinstance(r.get("t"), int | float)), key=lambda r: float(r["t"]))
@@ -207,100 +320,23 @@ def summarize(records: Iterable[Record], *, start: float, end: float, floor: flo
     if not before and inside:
         start = float(inside[0]["t"])  # the journal begins inside the window: the night starts there
 
-    state = "STOPPED"
-    fraction: float | None = None
-    for r in before:
-        if r.get("kind") == "state_changed":
-            state = str(r.get("to"))
-        if r.get("kind") == "launch" and _num(r.get("mem_fraction_static")) is not None:
-            fraction = _num(r.get("mem_fraction_static"))
-    fraction_start = fraction
-
-    bands: list[Band] = []
-    band_start = start
-    serving = 0.0
-    lost = {"crash": 0.0, "restart": 0.0}
-    outage: tuple[str, float] | None = None  # (why, since) until the next READY
-    crash_markers: list[Marker] = []
-    restart_markers: list[Marker] = []
-    steps: list[tuple[float, float]] = []
-    launches: list[Launch] = []
-    causes: Counter[str] = Counter()
-    last_crash: Record | None = None
-    down_since: float | None = None
-
-    def close_band(t: float) -> None:
-        nonlocal serving
-        if t > band_start:
-            bands.append(Band(state, band_start, t))
-            if state == SERVING:
-                serving += t - band_start
-
+    state, fraction = _opening(before)
+    walk = _Walk(state=state, band_start=start, fraction=fraction, fraction_start=fraction)
     for r in inside:
-        t, kind = float(r["t"]), r.get("kind")
-        if kind == "state_changed":
-            close_band(t)
-            state, band_start = str(r.get("to")), t
-            if state == SERVING:
-                down_since = None
-            if state == SERVING and outage is not None:
-                lost[outage[0]] += t - outage[1]
-                outage = None
-        elif kind == "server_down":
-            down_since = t if down_since is None else down_since
-        elif kind == "crash":
-            # When it died (the server_down before the diagnosis), not when the log was read.
-            died = down_since if down_since is not None else t
-            down_since = None
-            cause = str(r.get("cause"))
-            causes[cause] += 1
-            last_crash = r
-            crash_markers.append(Marker(died, f"{cause} ({r.get('phase')})", _num(r.get("mem_fraction_static"))))
-            if outage is None:
-                outage = ("crash", died)
-        elif kind in ("restart_requested", "climb") or (kind == "headroom_low" and r.get("action") == "step_down"):
-            if outage is None:
-                outage = ("restart", t)
-        elif kind == "restart_scheduled":
-            if r.get("cause") == "climb":
-                continue  # the climb's own marker says it
-            planned = r.get("cause") is not None and (last_crash is None or r.get("cause") != last_crash.get("cause"))
-            remedy = str(r.get("cause")) if planned else (
-                str(last_crash.get("remedy")) if last_crash is not None else "restart")
-            nxt = _num(r.get("mem_fraction_static"))
-            label = f"{remedy}: restart at {nxt:g}" if nxt is not None else f"{remedy}: restart"
-            restart_markers.append(Marker(t, label, nxt))
-        elif kind == "launch":
-            fraction = _num(r.get("mem_fraction_static"))
-            if fraction_start is None:
-                fraction_start = fraction
-            if fraction is not None:
-                steps.append((t, fraction))
-            launches.append(Launch(t, _int(r.get("attempt")), fraction))
-        elif kind == "fraction_learned":
-            fraction = _num(r.get("mem_fraction_static"))
-            if launches and launches[-1].fraction is None and fraction is not None:
-                launches[-1] = Launch(launches[-1].t, launches[-1].attempt, fraction)
-                steps.append((t, fraction))
-                fraction_start = fraction_start if fraction_start is not None else fraction
-        elif kind == "startup_facts" and launches:
-            last = launches[-1]
-            tokens = _int(r.get("max_total_num_tokens")) or last.max_total_num_tokens
-            avail = _num(r.get("avail_mem_after_capture_gb"))
-            launches[-1] = Launch(last.t, last.attempt, last.fraction, tokens,
-                                  avail if avail is not None else last.avail_mem_after_capture_gb)
-    close_band(end)
-    if outage is not None:
-        lost[outage[0]] += end - outage[1]
-    if fraction_start is not None and steps and steps[0][0] > start:
-        steps.insert(0, (start, fraction_start))
+        walk.step(r)
+    walk.close_band(end)
+    if walk.outage is not None:
+        walk.lost[walk.outage[0]] += end - walk.outage[1]
+    steps = walk.steps
+    if walk.fraction_start is not None and steps and steps[0][0] > start:
+        steps.insert(0, (start, walk.fraction_start))
     return Night(
-        start=start, end=end, bands=tuple(bands), state=state, serving_s=serving,
-        lost_crash_s=lost["crash"], lost_restart_s=lost["restart"],
-        crashes=tuple(causes.most_common()), crash_markers=tuple(crash_markers),
-        restart_markers=tuple(restart_markers), fraction_steps=tuple(steps),
-        fraction_start=fraction_start, fraction_end=fraction, floor=floor, launches=tuple(launches),
-        open_problems=open_problems(ordered, state),
+        start=start, end=end, bands=tuple(walk.bands), state=walk.state, serving_s=walk.serving,
+        lost_crash_s=walk.lost["crash"], lost_restart_s=walk.lost["restart"],
+        crashes=tuple(walk.causes.most_common()), crash_markers=tuple(walk.crash_markers),
+        restart_markers=tuple(walk.restart_markers), fraction_steps=tuple(steps),
+        fraction_start=walk.fraction_start, fraction_end=walk.fraction, floor=floor, launches=tuple(walk.launches),
+        open_problems=open_problems(ordered, walk.state),
         recommended=recommendation(ordered, end=end), kv_pressure=kv_pressure(inside), climbs=climbs(inside),
     )
 

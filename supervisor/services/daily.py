@@ -2,8 +2,10 @@
 
 When it is due is pure (``core.night.next_daily``: the wall time handed in, the local zone,
 DST included); this task only waits for it, reads each server's journal and GPU ring (in a
-thread: a file read must not hold up the event loop) and emits one ``DailySummary`` per
-server through that server's sinks, its MQTT alerter among them. The wait is cut into steps
+thread: a file read must not hold up the event loop) through the ``Readers`` it is handed
+(the composition root, ``supervisor/cli/run.py``, hands in the sinks' own readers: a service
+imports no sink) and emits one ``DailySummary`` per server through that server's sinks, its
+MQTT alerter among them. The wait is cut into steps
 of at most ``STEP_S`` that each re-read the wall clock, so a clock set or a suspended host
 does not make the summary late by the jump.
 """
@@ -13,21 +15,48 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, tzinfo
 from pathlib import Path
+from typing import Any, Protocol
 
 from supervisor.core.config import Config, server_configs, unit_name
 from supervisor.core.events import DailySummary
 from supervisor.core.night import next_daily, parse_time_of_day, summarize
-from supervisor.sinks.gpuring import read_ring
-from supervisor.sinks.journal import read_journal
 
 PERIOD_S = 24 * 3600.0
 STEP_S = 60.0
 
 Emit = Callable[[str, DailySummary], None]
 """(server name, event): hand the summary to that server's sinks."""
+
+
+class GpuRing(Protocol):
+    """What the summary reads of a server's GPU memory ring (``sinks.gpuring.Ring``)."""
+
+    @property
+    def free_mib(self) -> Sequence[Sequence[int]]: ...  # per record, per rank
+
+
+class JournalReader(Protocol):
+    """A state directory's journal records, oldest first (``sinks.journal.read_journal``)."""
+
+    def __call__(self, state_dir: str) -> Iterable[Mapping[str, Any]]: ...
+
+
+class RingReader(Protocol):
+    """A state directory's GPU memory ring from ``since`` on, or None (``sinks.gpuring.read_ring``)."""
+
+    def __call__(self, state_dir: str, since: float | None = ...) -> GpuRing | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Readers:
+    """How a server's records are read back from its state directory."""
+
+    journal: JournalReader
+    ring: RingReader
 
 
 def zone(name: str) -> tzinfo:
@@ -49,11 +78,11 @@ def zone(name: str) -> tzinfo:
     return local
 
 
-def summary(cfg: Config, now: float) -> DailySummary:
+def summary(cfg: Config, now: float, readers: Readers) -> DailySummary:
     """The last 24 h of one server (``cfg``: its own config) as a ``DailySummary``."""
-    night = summarize(read_journal(cfg.state.dir), start=now - PERIOD_S, end=now,
+    night = summarize(readers.journal(cfg.state.dir), start=now - PERIOD_S, end=now,
                       floor=cfg.policy.fraction_ladder[-1])
-    ring = read_ring(cfg.state.dir, since=now - PERIOD_S)
+    ring = readers.ring(cfg.state.dir, since=now - PERIOD_S)
     least = min(min(row) for row in ring.free_mib) / 1024 if ring is not None and ring.free_mib else None
     return DailySummary(
         period_h=round(night.span_s / 3600, 1), state=night.state, serving_pct=round(night.serving_pct, 1),
@@ -69,12 +98,14 @@ async def run(
     emit: Emit,
     *,
     clock: Callable[[], float],
+    readers: Readers,
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     tz: tzinfo | None = None,
 ) -> None:
     """Emit each server's summary at every ``daily_at``, until cancelled. ``config`` is the
     config in force (re-read at every step: a reload that sets, moves or clears ``daily_at``
-    or ``timezone`` takes effect within ``STEP_S``); ``tz`` overrides the zone (tests)."""
+    or ``timezone`` takes effect within ``STEP_S``); ``readers`` read each server's records;
+    ``tz`` overrides the zone (tests)."""
     while True:
         cfg = config()
         if not cfg.report.daily_at:
@@ -89,5 +120,5 @@ async def run(
         else:
             now = clock()
             for unit in server_configs(cfg):
-                event = await asyncio.to_thread(summary, unit, now)
+                event = await asyncio.to_thread(summary, unit, now, readers)
                 emit(unit_name(unit), event)

@@ -1,11 +1,13 @@
 """Preflight: the checks run before every launch (and by ``sglang-supervisor preflight``).
 
-A service over the adapters, beside the daemon: the daemon reaches it through its
-``Preflight`` port, the CLI command (``supervisor/cli/preflight.py``) directly. The checks
-are pure functions of facts (``check_*`` return a ``Check``); ``run_preflight`` gathers the
-facts (GPU probe, ``psutil.virtual_memory``, a bind test on the port, the model path), and
-``cli_checks`` also finds our stale servers (``cleanup``) so that a port they hold does not
-fail the check. ``permanent`` marks a failure that waiting cannot fix
+A service over the ports, beside the daemon: the daemon reaches it through its
+``Preflight`` port (a ``HostPreflight``, built by the composition root), the CLI command
+(``supervisor/cli/preflight.py``) directly. The checks are pure functions of facts
+(``check_*`` return a ``Check``); ``run_preflight`` gathers the facts (GPU probe,
+``psutil.virtual_memory``, a bind test on the port and its listeners, the model path), and
+``cli_checks`` also finds our stale servers (the ``Cleanup`` port) so that a port they hold
+does not fail the check. The concrete adapters (``adapters.cleanup``, the state store) are
+handed in by the caller: a service imports none. ``permanent`` marks a failure that waiting cannot fix
 (config arithmetic): the daemon gives up on it, and retries on the backoff otherwise.
 
 Units: ``--hicache-size`` is in GB of 10^9 bytes per TP rank, as SGLang reads it, so host
@@ -18,20 +20,24 @@ import asyncio
 import errno
 import os
 import socket
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from supervisor.adapters.cleanup import instance_id, listeners, scan_stale
-from supervisor.adapters.ports import Check, GpuProbe, GpuProbeError
-from supervisor.adapters.store import StateStore
+from supervisor.adapters.ports import Check, Cleanup, GpuProbe, GpuProbeError
 from supervisor.core.config import Config, ServerConfig
 from supervisor.core.ownership import recorded_server
 
 GB = 10**9
+
+Listeners = Callable[[int], Collection[int]]
+"""Pids listening on a TCP port (blocking; ``Cleanup.listeners``)."""
+
+StateReader = Callable[[str], Mapping[str, Any] | None]
+"""A state directory's recorded state, read without moving a corrupt file aside (None: none)."""
 
 
 def _n(x: float) -> str:
@@ -189,7 +195,7 @@ class _PortFacts:
     error: str = ""  # set when binding failed for another reason than "in use"
 
 
-def _probe_port(host: str, port: int) -> _PortFacts:
+def _probe_port(host: str, port: int, listeners: Listeners) -> _PortFacts:
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
@@ -203,10 +209,10 @@ def _probe_port(host: str, port: int) -> _PortFacts:
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 return _PortFacts(False, {}, exc.strerror or str(exc))
-    return _PortFacts(False, _listeners(port))
+    return _PortFacts(False, _holders(port, listeners))
 
 
-def _listeners(port: int) -> dict[int, str]:
+def _holders(port: int, listeners: Listeners) -> dict[int, str]:
     holders: dict[int, str] = {}
     for pid in listeners(port):
         try:
@@ -223,10 +229,10 @@ def _model_exists(cfg: Config) -> bool:
     return path.exists()
 
 
-def _host_facts(cfg: Config) -> tuple[Any, _PortFacts, bool]:
+def _host_facts(cfg: Config, listeners: Listeners) -> tuple[Any, _PortFacts, bool]:
     return (
         psutil.virtual_memory(),
-        _probe_port(cfg.server.host, cfg.server.port),
+        _probe_port(cfg.server.host, cfg.server.port, listeners),
         bool(cfg.server.model_path) and _model_exists(cfg),
     )
 
@@ -245,14 +251,15 @@ async def _gpu_check(cfg: Config, probe: GpuProbe, ranks: int, degraded_ok: bool
 
 
 async def run_preflight(
-    cfg: Config, probe: GpuProbe, *, stale_pids: Collection[int] = (), degraded_ok: bool = False
+    cfg: Config, probe: GpuProbe, *, listeners: Listeners, stale_pids: Collection[int] = (), degraded_ok: bool = False
 ) -> list[Check]:
-    """Gather the facts and run every check. ``stale_pids``: processes of ours due to be killed.
+    """Gather the facts and run every check. ``listeners``: who holds a port (``Cleanup.listeners``).
+    ``stale_pids``: processes of ours due to be killed.
     ``degraded_ok``: a failing GPU probe (no NVML, NVML errors) passes the GPU check unless
     the GPU is lost (the daemon runs degraded; the CLI reports the failure)."""
     ranks = ranks_on_host(cfg.server)
     gpu_check = await _gpu_check(cfg, probe, ranks, degraded_ok)
-    mem, port, model_exists = await asyncio.to_thread(_host_facts, cfg)
+    mem, port, model_exists = await asyncio.to_thread(_host_facts, cfg, listeners)
     held_by_ours = bool(port.holders) and set(port.holders) <= set(stale_pids)
     holder = ", ".join(f"pid {pid} {name}" for pid, name in sorted(port.holders.items()))
     return [
@@ -265,20 +272,37 @@ async def run_preflight(
     ]
 
 
-async def cli_checks(cfg: Config, probe: GpuProbe) -> list[Check]:
+async def cli_checks(cfg: Config, probe: GpuProbe, *, cleanup: Cleanup, read_state: StateReader) -> list[Check]:
     """The checks as ``sglang-supervisor preflight`` runs them: our own stale servers (found
-    as before a launch) do not fail the port check. Closes ``probe``."""
+    as before a launch, through ``cleanup``, from the state ``read_state`` reads) do not fail
+    the port check. Closes ``probe``."""
     try:
         try:
             gpu_pids = {p.pid for g in await probe.sample() for p in g.processes}
         except GpuProbeError:
             gpu_pids = set()  # the gpu_count check reports it
-        state, _warning = StateStore(cfg.state.dir).load(move_aside=False)
+        state = read_state(cfg.state.dir)
         recorded = recorded_server(state or {})
-        stale = await scan_stale(
-            gpu_pids=gpu_pids, own_pid=os.getpid(), port=cfg.server.port,
-            instance=instance_id(cfg.state.dir), **recorded,
-        )
-        return await run_preflight(cfg, probe, stale_pids={p.pid for p in stale.ours})
+        instance = cleanup.instance_id(cfg.state.dir)
+        stale = await asyncio.to_thread(lambda: cleanup.find_stale(
+            gpu_pids=gpu_pids, own_pid=os.getpid(), port=cfg.server.port, instance=instance, **recorded,
+        ))
+        return await run_preflight(cfg, probe, listeners=cleanup.listeners, stale_pids={p.pid for p in stale.ours})
     finally:
         await probe.aclose()
+
+
+class HostPreflight:
+    """The daemon's ``Preflight`` port (``adapters.ports.Preflight``): ``run_preflight`` on this
+    host, a port's listeners found through ``cleanup`` (the composition root passes
+    ``adapters.cleanup``)."""
+
+    def __init__(self, cleanup: Cleanup) -> None:
+        self.cleanup = cleanup
+
+    async def run_preflight(
+        self, cfg: Config, probe: GpuProbe, *, stale_pids: Collection[int] = (), degraded_ok: bool = False
+    ) -> list[Check]:
+        return await run_preflight(
+            cfg, probe, listeners=self.cleanup.listeners, stale_pids=stale_pids, degraded_ok=degraded_ok,
+        )
