@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-CORE = sorted(p.stem for p in (REPO / "supervisor" / "core").glob("*.py") if p.stem != "__init__")
-CORE_FILES = [f"supervisor/core/{name}.py" for name in CORE]
+CORE_DIR = REPO / "supervisor" / "core"
+CORE_PATHS = sorted(p for p in CORE_DIR.rglob("*.py") if p != CORE_DIR / "__init__.py")  # diagnosis/ included
+CORE = [".".join(p.relative_to(CORE_DIR).with_suffix("").parts).removesuffix(".__init__") for p in CORE_PATHS]
+CORE_FILES = [str(p.relative_to(REPO)) for p in CORE_PATHS]
 
 mypy_main = pytest.importorskip("mypy.main", reason="mypy comes with the [test] extra")
 

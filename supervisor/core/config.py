@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from supervisor.core.diagnosis.site_rules import SITE_CAUSES, pattern_problem
 from supervisor.core.fleet import FLEET_PREFIX
 from supervisor.core.model import Cause, Phase, SiteRule
-from supervisor.core.site_rules import SITE_CAUSES, pattern_problem
 
 DEFAULT_COMMAND = ("python", "-m", "sglang.launch_server")
 DEFAULT_LADDER = (0.93, 0.88, 0.85, 0.82, 0.80)

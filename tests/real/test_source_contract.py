@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from supervisor.adapters.health import QUEUE_REQS, TOKEN_USAGE
-from supervisor.core.capacity import KV_PRESSURE_WORDS
 from supervisor.core.diagnosis import RULES
-from supervisor.core.startup_facts import SOURCE_PATTERNS
+from supervisor.core.diagnosis.kv_pressure import KV_PRESSURE_WORDS
+from supervisor.core.diagnosis.startup_facts import SOURCE_PATTERNS
 
 DEFAULT_SITE_PACKAGES = Path.home() / ".cache" / "sglang-supervisor" / "sglang-0.5.23" / "lib" / "python3.11" / "site-packages"
 TESTED_VERSIONS = ("0.5.23",)

@@ -54,9 +54,9 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from itertools import accumulate
 
-from supervisor.core import catalogue as _catalogue
+from supervisor.core.diagnosis import catalogue as _catalogue
+from supervisor.core.diagnosis.startup_facts import line_rank
 from supervisor.core.model import Cause, Diagnosis, ExitStatus, Phase, Remedy, SiteRule
-from supervisor.core.startup_facts import line_rank
 
 MAX_TAIL_BYTES = 4 * 1024 * 1024  # how much of the end of the output is read
 MAX_LINE_CHARS = 4096  # longer lines are read up to this many characters
