@@ -94,7 +94,7 @@ def test_startup_facts_sglang_line_is_in_sglang_source(marker: str, literals: tu
 
 @pytest.mark.parametrize("words", [w for origin, w, _ in KV_PRESSURE_WORDS if origin == "sglang"])
 def test_kv_pressure_words_are_in_sglang_source(words: str) -> None:
-    """The KV-pressure lines read while serving (core.capacity.KV_PRESSURE_WORDS) are SGLang's,
+    """The KV-pressure lines read while serving (core.diagnosis.kv_pressure.KV_PRESSURE_WORDS) are SGLang's,
     and so are the two gauges read from its /metrics."""
     text, _ = _source()
     assert words in text, f"{words!r} not in SGLang {_version()}'s source"
