@@ -40,7 +40,7 @@ WHY_MISSED: dict[str, str] = {
     ),
     "crash_diagnosed_p99": (
         "the first crash each daemon diagnoses loads the message catalogue's word index "
-        "(`supervisor/core/catalogue.py`, about 0.2 s on a quiet machine, once per daemon): in each run "
+        "(`supervisor/core/diagnosis/catalogue.py`, about 0.2 s on a quiet machine, once per daemon): in each run "
         "it is the first of 25 crashes and the slowest, so it is the p99; the p50 is the other crashes. "
         "Loading the index at start would move it off the crash path at the price of its ~4 MB of RSS "
         "while serving."

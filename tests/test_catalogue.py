@@ -1,6 +1,6 @@
 """The message catalogue and the module table (issue 23, docs/catalogue.md).
 
-The committed ``supervisor/core/data/catalogue.tsv`` and ``modules.tsv`` are what
+The committed ``supervisor/core/diagnosis/data/catalogue.tsv`` and ``modules.tsv`` are what
 ``scripts/catalogue/harvest.py`` makes from the pinned sources (the one slow test: it downloads
 what the cache lacks); the rest reads the committed files and the harvester's parts and needs
 no download.
@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.core import catalogue as cat
+from supervisor.core.diagnosis import catalogue as cat
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "scripts" / "catalogue"
 HARVEST = SCRIPTS / "harvest.py"
-CATALOGUE_TSV = REPO / "supervisor" / "core" / "data" / "catalogue.tsv"
-MODULES_TSV = REPO / "supervisor" / "core" / "data" / "modules.tsv"
+CATALOGUE_TSV = REPO / "supervisor" / "core" / "diagnosis" / "data" / "catalogue.tsv"
+MODULES_TSV = REPO / "supervisor" / "core" / "diagnosis" / "data" / "modules.tsv"
 
 FAMILIES = {
     "cuda.memory", "cuda.hardware", "cuda.launch", "cuda.toolchain", "cuda.environment", "cuda.other",
@@ -239,8 +239,8 @@ def test_frame_paths_resolve_to_their_subsystem(frame: str, subsystem: str) -> N
 def test_the_data_ship_with_the_package() -> None:
     """The three files are package data: importlib.resources finds them in the installed package."""
     data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    assert "data/*.tsv" in data["supervisor.core"] and "data/*.idx" in data["supervisor.core"]
-    root = resources.files("supervisor.core").joinpath("data")
+    assert "data/*.tsv" in data["supervisor.core.diagnosis"] and "data/*.idx" in data["supervisor.core.diagnosis"]
+    root = resources.files("supervisor.core.diagnosis").joinpath("data")
     assert all(root.joinpath(name).is_file() for name in ("catalogue.tsv", "catalogue.idx", "modules.tsv"))
     assert len(cat.catalogue()) > 10_000 and len(cat.modules()) > 100
 

@@ -582,7 +582,7 @@ def test_the_catalogue_it_reads_with(capsys: pytest.CaptureFixture[str]) -> None
     """The catalogue's size per source and version (scripts/catalogue, `make catalogue`)."""
     from collections import Counter
 
-    from supervisor.core.catalogue import catalogue
+    from supervisor.core.diagnosis.catalogue import catalogue
 
     cat = catalogue()
     per = Counter(v for e in cat.entries for v in e.seen_in)

@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from supervisor.core.diagnosis import INTERNAL_ERROR_TYPE, MAX_TAIL_BYTES, diagnose
+from supervisor.core.diagnosis.startup_facts import StartupFactsParser
 from supervisor.core.model import LOG_CAUSES, Diagnosis, ExitStatus, Phase
-from supervisor.core.startup_facts import StartupFactsParser
 
 CORPUS = Path(__file__).parent / "data" / "crashlogs"
 REAL_LINES = sorted({

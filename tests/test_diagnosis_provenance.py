@@ -15,7 +15,7 @@ import diagnosis_corpus
 import pytest
 
 from supervisor.core.diagnosis import RULES
-from supervisor.core.startup_facts import SOURCE_PATTERNS
+from supervisor.core.diagnosis.startup_facts import SOURCE_PATTERNS
 
 ORIGINS = {
     "sglang", "sglang-legacy", "torch", "nccl", "gloo", "cuda", "nvidia-driver", "nvml", "kernel", "vllm", "ray",

@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 
 from supervisor.adapters.process import RotatingLog, ServerProcess
 from supervisor.core.diagnosis import INTERNAL_ERROR_TYPE, diagnose
+from supervisor.core.diagnosis.startup_facts import StartupFactsParser
 from supervisor.core.model import Diagnosis, Phase
-from supervisor.core.startup_facts import StartupFactsParser
 
 SGLANG_LINES = [
     b"[2026-11-29 07:22:21 TP0] Load weight end. type=DeepseekV3ForCausalLM, dtype=torch.bfloat16, avail mem=23.67 GB, mem usage=72.33 GB.\n",

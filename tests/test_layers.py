@@ -52,7 +52,7 @@ VIOLATIONS = [
     ("cli/run.py", "import supervisor.sim.simgpu", "the CLI reaches the simulator only through cli.registry"),
     ("sim/demo.py", "import supervisor.daemon", "the simulator never imports the daemon"),
     ("core/policy.py", "import asyncio", "the core does no I/O"),
-    ("core/diagnosis.py", "import psutil", "the core does no I/O"),
+    ("core/diagnosis/crash.py", "import psutil", "the core does no I/O"),
     ("sinks/journal.py", "import matplotlib", "the daemon never imports the report or matplotlib"),
     ("cli/run.py", "import supervisor.report.chart", "the daemon never imports the report or matplotlib"),
     ("services/preflight.py", "import supervisor.adapters.cleanup", "services reach adapters only through the ports"),

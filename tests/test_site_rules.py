@@ -30,11 +30,10 @@ from hypothesis import strategies as st
 
 from supervisor.cli import explain
 from supervisor.core import events as ev
-from supervisor.core.catalogue import normalise
 from supervisor.core.config import ConfigError, build_config, load_config
 from supervisor.core.diagnosis import MAX_LINE_CHARS, diagnose
-from supervisor.core.model import LOG_CAUSES, Cause, Diagnosis, ExitStatus, Phase, Remedy, SiteRule
-from supervisor.core.site_rules import (
+from supervisor.core.diagnosis.catalogue import normalise
+from supervisor.core.diagnosis.site_rules import (
     LINE_CHARS,
     MAX_PATTERN_CHARS,
     SITE_CAUSES,
@@ -42,6 +41,7 @@ from supervisor.core.site_rules import (
     rule_pattern,
     rule_toml,
 )
+from supervisor.core.model import LOG_CAUSES, Cause, Diagnosis, ExitStatus, Phase, Remedy, SiteRule
 from supervisor.sinks.alerts import build_alert
 from supervisor.sinks.journal import JOURNAL, JournalSink, read_journal
 

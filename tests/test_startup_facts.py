@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from supervisor.core.diagnosis.startup_facts import MAIN_RANK, StartupFactsParser, line_rank, parse_startup_facts
 from supervisor.core.model import RankFacts
-from supervisor.core.startup_facts import MAIN_RANK, StartupFactsParser, line_rank, parse_startup_facts
 
 
 def ts(rank: str = "") -> str:

@@ -2,9 +2,9 @@
 
 Everything that decides a source's harvest lives here, so that the cache of harvested sources
 (``CACHE/../harvested/DIST-VERSION-HASH.json``) is keyed by this file, the normaliser of
-``supervisor/core/catalogue.py`` and the source's entry in ``sources.toml``: a change to the
-merge or to the families (``harvest.py``, ``families.py``) re-merges in seconds, a change here
-harvests again.
+``supervisor/core/diagnosis/catalogue.py`` and the source's entry in ``sources.toml``: a change
+to the merge or to the families (``harvest.py``, ``families.py``) re-merges in seconds, a change
+here harvests again.
 
 * Python sources (``ast``, never regex): ``raise X(msg)`` and every ``SomethingError(msg)`` built
   elsewhere (``return RuntimeError(...)``), ``logger.<level>(msg, *args)`` (any receiver whose
@@ -41,7 +41,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from supervisor.core import catalogue as cat
+from supervisor.core.diagnosis import catalogue as cat
 
 MARK = "\ue000"  # a formatted value while a message is being built; <*> in the pattern
 

@@ -28,9 +28,9 @@ from typing import Any, BinaryIO
 from supervisor.cli.common import fail
 from supervisor.core.config import ConfigError, load_config
 from supervisor.core.diagnosis import MAX_TAIL_BYTES, describe_action, diagnose
+from supervisor.core.diagnosis.site_rules import rule_toml
+from supervisor.core.diagnosis.startup_facts import StartupFactsParser
 from supervisor.core.model import Diagnosis, ExitStatus, Phase, SiteRule, StartupFacts
-from supervisor.core.site_rules import rule_toml
-from supervisor.core.startup_facts import StartupFactsParser
 
 _CHUNK = 1024 * 1024
 

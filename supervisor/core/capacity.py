@@ -30,28 +30,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from supervisor.core.diagnosis.startup_facts import MAIN_RANK  # lines without a rank (a TP-1 server's)
 from supervisor.core.model import StartupFacts
-from supervisor.core.startup_facts import MAIN_RANK  # lines without a rank (a TP-1 server's)
 
 STALE_TOKENS_SHARE = 0.05  # a launch whose tokens the model mispredicts by more: a new model
 STALE_AVAIL_GB = 1.0  # or whose headroom it mispredicts by more (an upgrade the key missed)
 PEAK_STEP_GB = 0.05  # a new least-free reading counts when it is this much lower
 POINTS_KEPT = 8  # the most recent fractions kept per model
 
-# What SGLang prints when its KV pool runs short while serving, as (origin, words, source).
-# A retraction is told by its details, "#retracted_reqs: N, #new_tokens_gained: M", the same
-# in every release: 0.5.23 prefixes them with "KV cache pool is full. Retract requests. "
-# (srt/managers/scheduler.py, logger.warning), the releases before it with "Decode out of
-# memory happened. " (and SGLang's own test switch SGLANG_TEST_RETRACT with "Testing
-# retraction. "). A line with N = 0 retracted nothing and does not count. 0.5.23 also refuses
-# a request that cannot fit even alone: "retract_decode: aborted last request RID due to OOM"
-# (srt/managers/schedule_batch.py; the client gets "Out of memory even after retracting all
-# other requests"). The source contract checks the "sglang" ones.
-KV_PRESSURE_WORDS = (
-    ("sglang", "#retracted_reqs: ", "retraction"),
-    ("sglang", "retract_decode: aborted last request", "refused"),
-)
-NOTHING_RETRACTED = "#retracted_reqs: 0,"
 METRICS_FLAG = "--enable-metrics"  # SGLang serves its /metrics (sglang:token_usage, ...) with it
 
 # The TP part of a rank name: "TP3", "DP1 TP3" (SGLang's log prefix), "DP1-TP3", "TP3_EP3".

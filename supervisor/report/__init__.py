@@ -17,9 +17,9 @@ from datetime import datetime, tzinfo
 from typing import Any
 
 from supervisor.core.config import Config, alert_instance, server_configs, unit_name
+from supervisor.core.diagnosis.site_rules import rule_toml
 from supervisor.core.model import Cause
 from supervisor.core.night import Advice, ClimbStep, KvPressure, Night, summarize
-from supervisor.core.site_rules import rule_toml
 from supervisor.sinks.alerts import describe
 from supervisor.sinks.gpuring import Ring, read_ring
 from supervisor.sinks.journal import read_journal

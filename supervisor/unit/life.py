@@ -25,9 +25,11 @@ from typing import TYPE_CHECKING, Any
 from supervisor.adapters.ports import KvReader, Prober, ProcessError, ServerHandle, UnitPorts
 from supervisor.aio import TaskScope, within
 from supervisor.core import events as ev
-from supervisor.core.capacity import KV_PRESSURE_WORDS, NOTHING_RETRACTED, PEAK_STEP_GB
+from supervisor.core.capacity import PEAK_STEP_GB
 from supervisor.core.config import Config, http_url
 from supervisor.core.diagnosis import diagnose
+from supervisor.core.diagnosis.kv_pressure import KV_PRESSURE_WORDS, NOTHING_RETRACTED
+from supervisor.core.diagnosis.startup_facts import StartupFactsParser
 from supervisor.core.messages import (
     Diagnosed,
     Died,
@@ -44,7 +46,6 @@ from supervisor.core.messages import (
 )
 from supervisor.core.model import ExitStatus, Phase
 from supervisor.core.ownership import LAUNCH_VAR, MARK_VAR, gpu_env, server_env
-from supervisor.core.startup_facts import StartupFactsParser
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger

@@ -747,7 +747,7 @@ class Night:
             s = [x for x in self.watch.samples if x["pid"] == d.proc.pid]
             if not s:
                 continue
-            # the first crash diagnosed loads the message catalogue (supervisor/core/catalogue.py,
+            # the first crash diagnosed loads the message catalogue (supervisor/core/diagnosis/catalogue.py,
             # ~60 MB, once): "warm" is the first sample 10 s after it, or (no crash) 10 s after
             # the daemon's first server was READY
             events = read_events(d.log_path)

@@ -153,7 +153,7 @@ def render(r: dict[str, Any]) -> str:
         lines.append(f"| RSS (MiB), from the warm sample | {warm.get('rss_kb', 0) / 1024:.1f} | "
                      f"{e.get('rss_kb', 0) / 1024:.1f} | " + (f"{wpct:+.1f} %" if wpct is not None else "-") + " |")
         lines += ["", "The first crash a daemon diagnoses loads SGLang's message catalogue "
-                  "(`supervisor/core/catalogue.py`: its word index, about 4 MB, once): the warm sample is the "
+                  "(`supervisor/core/diagnosis/catalogue.py`: its word index, about 4 MB, once): the warm sample is the "
                   "daemon's first 10 s after it (the last daemon's, when it was started again). Each server's "
                   "output tail, kept for the diagnosis, is a bounded buffer that fills at the servers' log rate "
                   "(~0.15 MB a minute here): the night runs with `[logging] tail_bytes` at 256 KiB instead of "

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from supervisor.adapters.health import QUEUE_REQS, TOKEN_USAGE
-from supervisor.core.capacity import KV_PRESSURE_WORDS
 from supervisor.core.diagnosis import RULES
-from supervisor.core.startup_facts import SOURCE_PATTERNS
+from supervisor.core.diagnosis.kv_pressure import KV_PRESSURE_WORDS
+from supervisor.core.diagnosis.startup_facts import SOURCE_PATTERNS
 
 DEFAULT_SITE_PACKAGES = Path.home() / ".cache" / "sglang-supervisor" / "sglang-0.5.23" / "lib" / "python3.11" / "site-packages"
 TESTED_VERSIONS = ("0.5.23",)
@@ -94,7 +94,7 @@ def test_startup_facts_sglang_line_is_in_sglang_source(marker: str, literals: tu
 
 @pytest.mark.parametrize("words", [w for origin, w, _ in KV_PRESSURE_WORDS if origin == "sglang"])
 def test_kv_pressure_words_are_in_sglang_source(words: str) -> None:
-    """The KV-pressure lines read while serving (core.capacity.KV_PRESSURE_WORDS) are SGLang's,
+    """The KV-pressure lines read while serving (core.diagnosis.kv_pressure.KV_PRESSURE_WORDS) are SGLang's,
     and so are the two gauges read from its /metrics."""
     text, _ = _source()
     assert words in text, f"{words!r} not in SGLang {_version()}'s source"

@@ -13,8 +13,8 @@ from typing import Any
 from supervisor.core.config.rules import ConfigError, _did_you_mean, _show
 from supervisor.core.config.sections import DiagnosisConfig
 from supervisor.core.config.units import Config
+from supervisor.core.diagnosis.site_rules import SITE_CAUSES, pattern_problem
 from supervisor.core.model import Cause, Phase, SiteRule
-from supervisor.core.site_rules import SITE_CAUSES, pattern_problem
 
 _SECTIONS: dict[str, type] = {
     name: hint for name, hint in typing.get_type_hints(Config).items() if name not in ("name", "units")

@@ -4,8 +4,9 @@
 (its Python and the strings of its shared libraries), NCCL, the CUDA runtime, Triton,
 FlashInfer, sgl-kernel, vLLM, transformers, safetensors, huggingface_hub, uvicorn and
 asyncio, and writes every message it finds as a normalised pattern with its origin and a
-**family** to ``supervisor/core/data/catalogue.tsv``; the module trees of the same releases
-become ``supervisor/core/data/modules.tsv`` (a module path -> the subsystem it belongs to).
+**family** to ``supervisor/core/diagnosis/data/catalogue.tsv``; the module trees of the same
+releases become ``supervisor/core/diagnosis/data/modules.tsv`` (a module path -> the subsystem
+it belongs to).
 Nothing here is typed by hand from logs: the words come from the code that prints them.
 
 This module is pure: it reads its two data files (package data, once, on first use) and
@@ -498,7 +499,7 @@ def parse_modules(text: str) -> tuple[tuple[str, str], ...]:
 
 def _read(name: str) -> str:
     try:
-        return resources.files("supervisor.core").joinpath(DATA, name).read_text(encoding="utf-8")
+        return resources.files("supervisor.core.diagnosis").joinpath(DATA, name).read_text(encoding="utf-8")
     except (FileNotFoundError, OSError):
         return ""
 
@@ -508,7 +509,7 @@ def catalogue() -> Catalogue:
     """The committed catalogue: through its index, its rows read when a line's words bring
     them up (a few MB, not the 60 of all its entries); read whole only where the index is
     missing or does not fit the file."""
-    data = resources.files("supervisor.core").joinpath(DATA)
+    data = resources.files("supervisor.core.diagnosis").joinpath(DATA)
     try:
         path, index_file = Path(str(data.joinpath(CATALOGUE_FILE))), Path(str(data.joinpath(INDEX_FILE)))
         if path.is_file() and index_file.is_file():
