@@ -31,7 +31,7 @@ from harness import REPO, DaemonRun, ProcessWatch, write_config
 
 from supervisor.core.config import ConfigError, MetricsConfig, MqttConfig, ServerConfig, load_config
 from supervisor.sinks import logs
-from supervisor.sinks.metrics import start_metrics_server
+from supervisor.sinks.metrics_endpoint import start_metrics_server
 from tests.edge import edge
 from tests.test_alerts import alerter as wired
 

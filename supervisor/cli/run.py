@@ -84,7 +84,7 @@ async def run_daemon_async(
             alerters.append(alerter)
             own.append(alerts)
     if cfg.metrics.enabled:
-        from supervisor.sinks.metrics import MetricsError, labelled_registry, start_metrics_server
+        from supervisor.sinks.metrics_endpoint import MetricsError, labelled_registry, start_metrics_server
 
         try:
             metrics_server = await start_metrics_server(cfg.metrics.listen, labelled_registry(registries))
