@@ -1,9 +1,14 @@
-"""Unit tests of the MQTT alerts: payloads, messages, backoff, and the outbox (no broker)."""
+"""Unit tests of the MQTT alerts: payloads, messages, backoff, and the outbox (no broker).
+
+The alerts sink (``supervisor.sinks.alerts.AlertSink``) words typed events; the MQTT
+transport (``supervisor.adapters.mqtt.MqttTransport``) holds the outbox and the connection.
+``alerter`` wires the two as the daemon does (``cli.run.build_alerter``)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
 import re
@@ -16,23 +21,24 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from supervisor.cli.drill import run
+from supervisor.adapters.mqtt import RECONNECT_FACTOR, RECONNECT_JITTER, MqttTransport
+from supervisor.cli.drill import drill, run
 from supervisor.core.backoff import exponential_backoff
 from supervisor.core.config import Config, MqttConfig
-from supervisor.core.events import ALERT_KINDS
+from supervisor.core.events import ALERT_KINDS, StateChanged
 from supervisor.sinks.alerts import (
-    RECONNECT_FACTOR,
-    RECONNECT_JITTER,
     SEVERITY,
-    MqttAlerter,
+    AlertSink,
+    Drill,
     Topics,
     build_alert,
     build_state,
-    drill,
+    client_id,
     truncate_evidence,
+    utcnow,
 )
 from tests.conftest import free_port
-from tests.edge import edge
+from tests.edge import typed
 
 TS = datetime(2026, 10, 4, 3, 12, 9, 123456, tzinfo=UTC)
 HOST, INSTANCE = "gpu-node-3", "kimi"
@@ -52,14 +58,27 @@ RECOVERED = {"startup_s": 312.4, "mem_fraction_static": 0.88, "hicache_size_gb":
 
 
 def alert(event: str, fields: dict[str, Any], max_chars: int = 2000) -> dict[str, Any]:
-    payload = build_alert(event, fields, host=HOST, instance=INSTANCE, ts=TS, alert_id="id-1",
-                          evidence_max_chars=max_chars)
+    """The payload of the typed event ``event`` with ``fields`` (the rest at neutral values;
+    ``drill``: the drill's)."""
+    payload = build_alert(Drill() if event == "drill" else typed(event, fields),  # type: ignore[arg-type]
+                          host=HOST, instance=INSTANCE, ts=TS, alert_id="id-1", evidence_max_chars=max_chars)
     assert payload is not None
-    return payload
+    return dict(payload)
 
 
-def alerter(cfg: MqttConfig | None = None, **kw: Any) -> MqttAlerter:
-    return MqttAlerter(cfg or MqttConfig(enabled=True), host=HOST, instance=INSTANCE, **kw)
+def alerter(cfg: MqttConfig | None = None, *, host: str = HOST, instance: str = INSTANCE,
+            clock: Callable[[], datetime] = utcnow, logger: Any = None, **kw: Any) -> tuple[AlertSink, MqttTransport]:
+    """The sink and its transport, wired as the daemon wires them (``cli.run.build_alerter``)."""
+    cfg = cfg or MqttConfig(enabled=True)
+    transport = MqttTransport(cfg, client_id=client_id(cfg, host, instance),
+                              status_topic=Topics.of(cfg.topic_prefix, host, instance).status, logger=logger, **kw)
+    return AlertSink(cfg, host=host, instance=instance, outbox=transport, clock=clock, logger=logger), transport
+
+
+def odd(kind: str, **fields: Any) -> Any:
+    """A typed event of ``kind`` whose ``fields`` hold values its types do not allow (nothing
+    checks a dataclass's types at run time): what a sink must survive."""
+    return dataclasses.replace(typed(kind), **fields)  # type: ignore[type-var]
 
 
 def test_crash_message_reads_like_the_issue_example() -> None:
@@ -103,7 +122,7 @@ def test_every_alert_kind_has_a_severity() -> None:
 def test_non_alert_events_build_no_alert() -> None:
     """Probes, samples and launches are for logs and metrics, not for phones."""
     for event in ("probe", "gpu_sample", "launch", "state_changed", "server_ready"):
-        assert build_alert(event, {}, host=HOST, instance=INSTANCE, ts=TS, alert_id="x",
+        assert build_alert(typed(event), host=HOST, instance=INSTANCE, ts=TS, alert_id="x",  # type: ignore[arg-type]
                            evidence_max_chars=100) is None
 
 
@@ -185,8 +204,11 @@ def test_gpu_memory_stuck_lists_the_gpus() -> None:
 
 
 def test_an_unknown_cause_is_named_rather_than_failing() -> None:
-    """A cause name this version does not know still yields a readable sentence."""
-    p = alert("crash", {**CRASH, "cause": "martian_rays"})
+    """A cause name this version does not know (no Cause holds it, but a crash may carry it:
+    nothing checks at run time) still yields a readable sentence."""
+    crash = dataclasses.replace(typed("crash", CRASH), cause="martian_rays")  # type: ignore[type-var]
+    p = build_alert(crash, host=HOST, instance=INSTANCE, ts=TS, alert_id="id-1", evidence_max_chars=2000)
+    assert p is not None
     assert "died of an error (martian_rays) while serving" in p["message"]
 
 
@@ -198,8 +220,10 @@ def test_the_default_fraction_is_named_when_none_was_set() -> None:
 
 def test_state_snapshot_has_state_and_fraction() -> None:
     """The retained state snapshot carries the new state and the current fraction."""
-    s = build_state({"from": "READY", "to": "BACKOFF", "reason": "crash", "mem_fraction_static": 0.93,
-                     "restarts": 1, "last_cause": "cuda_oom_runtime"}, host=HOST, instance=INSTANCE, ts=TS)
+    changed = typed("state_changed", {"from": "READY", "to": "BACKOFF", "reason": "crash", "mem_fraction_static": 0.93,
+                                      "restarts": 1, "last_cause": "cuda_oom_runtime"})
+    assert isinstance(changed, StateChanged)
+    s = build_state(changed, host=HOST, instance=INSTANCE, ts=TS)
     assert (s["state"], s["from"], s["mem_fraction_static"], s["last_cause"]) == ("BACKOFF", "READY", 0.93,
                                                                                   "cuda_oom_runtime")
 
@@ -224,20 +248,21 @@ def test_backoff_doubles_clamps_and_jitters_within_half() -> None:
 
 def test_emit_queues_alerts_and_ignores_other_events() -> None:
     """Only alert events enter the outbox, each on its event topic."""
-    a = alerter()
-    a.emit(edge("probe", {"ok": True}))
-    a.emit(edge("gpu_sample", {"gpus": []}))
+    sink, a = alerter()
+    sink.emit(typed("probe", {"ok": True}))
+    sink.emit(typed("gpu_sample", {"gpus": []}))
     assert a.pending == 0
-    a.emit(edge("crash", CRASH))
-    a.emit(edge("drill", {}))
+    sink.emit(typed("crash", CRASH))
+    sink.emit(Drill())
     assert a.pending == 2
+    assert [m.topic for m in a._outbox] == [sink.topics.event("crash"), sink.topics.event("drill")]
 
 
 def test_state_changes_coalesce_to_the_latest_snapshot() -> None:
     """Many state changes while disconnected leave one snapshot to send: the newest."""
-    a = alerter()
+    sink, a = alerter()
     for to in ("STARTING", "READY", "BACKOFF"):
-        a.emit(edge("state_changed", {"from": "X", "to": to}))
+        sink.emit(typed("state_changed", {"from": "STOPPED", "to": to}))
     assert a.pending == 1
     assert json.loads(a._state_msg.payload)["state"] == "BACKOFF"  # type: ignore[union-attr]
 
@@ -246,9 +271,9 @@ def test_full_outbox_drops_the_oldest_counts_and_logs() -> None:
     """With the outbox full, each new alert pushes out the oldest, which is counted and logged."""
     health: list[tuple[str, Any]] = []
     with capture_logs() as logs:
-        a = alerter(MqttConfig(enabled=True, outbox_size=3), on_health=lambda k, v: health.append((k, v)))
+        sink, a = alerter(MqttConfig(enabled=True, outbox_size=3), on_health=lambda k, v: health.append((k, v)))
         for i in range(5):
-            a.emit(edge("crash", {**CRASH, "attempt": i}))
+            sink.emit(typed("crash", {**CRASH, "attempt": i}))
     assert a.dropped == 2 and a.pending == 3
     assert health == [("alert_dropped", "crash")] * 2
     dropped_logs = [e for e in logs if e["event"] == "alert_dropped"]
@@ -265,12 +290,12 @@ def test_emit_never_raises() -> None:
         raise RuntimeError("metrics broke")
 
     with capture_logs() as logs:
-        a = alerter(MqttConfig(enabled=True, outbox_size=1), on_health=broken_health)
-        a.emit(edge("crash", {"cause": object(), "evidence": 42, "gpus": "nonsense", "next_retry_s": "soon"}))
-        a.emit(edge("gpu_memory_stuck", {"gpus": [None, {"index": "x"}], "timeout_s": None}))
-        a.emit(edge("headroom_low", {"avail_mem_gb": "lots"}))
-        b = alerter(clock=broken_clock)
-        b.emit(edge("crash", CRASH))
+        sink, a = alerter(MqttConfig(enabled=True, outbox_size=1), on_health=broken_health)
+        sink.emit(odd("crash", cause=object(), evidence=42, next_retry_s="soon"))
+        sink.emit(odd("gpu_memory_stuck", gpus=[None, {"index": "x"}], timeout_s=None))
+        sink.emit(odd("headroom_low", avail_mem_gb="lots"))
+        sink_b, b = alerter(clock=broken_clock)
+        sink_b.emit(typed("crash", CRASH))
     assert a.pending == 1 and a.dropped == 2
     assert b.pending == 0
     events = [e["event"] for e in logs]
@@ -279,9 +304,9 @@ def test_emit_never_raises() -> None:
 
 def test_alert_ids_are_unique_uuids() -> None:
     """Every alert gets its own uuid4 so consumers can drop duplicates."""
-    a = alerter()
+    sink, a = alerter()
     for _ in range(20):
-        a.emit(edge("crash", CRASH))
+        sink.emit(typed("crash", CRASH))
     ids = [json.loads(m.payload)["id"] for m in a._outbox]
     assert len(set(ids)) == 20
     assert all(uuid.UUID(i).version == 4 for i in ids)
@@ -306,8 +331,8 @@ async def test_without_a_broker_it_keeps_retrying_and_keeps_alerts(tmp_path: Pat
     """A refused connection is logged and retried; queued alerts stay queued; close is prompt."""
     health: list[tuple[str, Any]] = []
     with capture_logs() as logs:
-        a = alerter(closed_port_cfg(), on_health=lambda k, v: health.append((k, v)))
-        a.emit(edge("crash", CRASH))
+        sink, a = alerter(closed_port_cfg(), on_health=lambda k, v: health.append((k, v)))
+        sink.emit(typed("crash", CRASH))
         await a.start()
         await until(lambda: a.connect_failures >= 3, what="three failed connects")
         assert a.running and a.pending == 1
@@ -324,7 +349,7 @@ async def test_a_world_readable_password_file_warns_once(tmp_path: Path) -> None
     pw.write_text("hunter2-not-logged\n")
     pw.chmod(0o644)
     with capture_logs() as logs:
-        a = alerter(closed_port_cfg(username="u", password_file=str(pw)))
+        _, a = alerter(closed_port_cfg(username="u", password_file=str(pw)))
         await a.start()
         await until(lambda: a.connect_failures >= 3, what="three failed connects")
         await a.aclose(5)
@@ -336,7 +361,7 @@ async def test_an_unreadable_password_file_is_a_clear_retried_error(tmp_path: Pa
     """A missing password file is named in an error line and retried, not a crash."""
     missing = tmp_path / "nope"
     with capture_logs() as logs:
-        a = alerter(closed_port_cfg(username="u", password_file=str(missing)))
+        _, a = alerter(closed_port_cfg(username="u", password_file=str(missing)))
         await a.start()
         await until(lambda: a.connect_failures >= 2, what="two failed connects")
         assert a.running
@@ -378,7 +403,7 @@ def test_the_restart_alert_of_a_real_event_order_names_the_fraction_that_crashed
     actions += night.send(Diagnosed(ExitStatus(signal=9), oom_runtime()))
     actions += [*night.send(TimerFired(Timer.BACKOFF), after=100), *night.send(Prepared()), *night.send(Launched(4242)),
                 *night.send(ProbeResult(ok=True), after=30)]
-    alerts = {a["kind"]: a for a in (build_alert(e.event.kind, e.event.fields(), host=HOST, instance=INSTANCE, ts=TS,
+    alerts = {a["kind"]: a for a in (build_alert(e.event, host=HOST, instance=INSTANCE, ts=TS,
                                                  alert_id="x", evidence_max_chars=200)
                                      for e in actions if isinstance(e, Emit)) if a is not None}
     for kind in ("crash", "restart", "recovered"):
@@ -391,7 +416,7 @@ async def test_a_broker_outage_is_one_line_and_one_link_down_however_often_it_is
     link metric's hook hears of the outage once."""
     health: list[tuple[str, Any]] = []
     with capture_logs() as logs:
-        a = alerter(closed_port_cfg(), on_health=lambda k, v: health.append((k, v)))
+        _, a = alerter(closed_port_cfg(), on_health=lambda k, v: health.append((k, v)))
         await a.start()
         await until(lambda: a.connect_failures >= 4, what="four failed connects")
         await a.aclose(5)

@@ -16,13 +16,14 @@ import psutil
 import pytest
 from structlog.testing import capture_logs
 
-from supervisor.cli.drill import run
+from supervisor.adapters.mqtt import MqttTransport
+from supervisor.cli.drill import drill, run
 from supervisor.core.config import Config, MqttConfig
-from supervisor.sinks.alerts import MqttAlerter, Topics, drill
+from supervisor.sinks.alerts import AlertSink, Topics
 from tests.conftest import wait_until
-from tests.edge import edge
+from tests.edge import typed
 from tests.mosquitto import BlackHole, Broker, Collector, Received, make_tls_files, retained
-from tests.test_alerts import CRASH, RECOVERED, RESTART, until
+from tests.test_alerts import CRASH, RECOVERED, RESTART, alerter, until
 
 pytestmark = pytest.mark.integration
 
@@ -39,14 +40,15 @@ def mqtt_cfg(port: int, **kw: Any) -> MqttConfig:
 
 
 @contextlib.asynccontextmanager
-async def running(cfg: MqttConfig, *, close_timeout: float = 20.0, **kw: Any) -> AsyncIterator[MqttAlerter]:
-    """A started alerter that is always closed."""
-    alerter = MqttAlerter(cfg, host=HOST, instance=INSTANCE, **kw)
-    await alerter.start()
+async def running(cfg: MqttConfig, *, close_timeout: float = 20.0,
+                  **kw: Any) -> AsyncIterator[tuple[AlertSink, MqttTransport]]:
+    """A sink and its started transport, which is always closed."""
+    sink, transport = alerter(cfg, host=HOST, instance=INSTANCE, **kw)
+    await transport.start()
     try:
-        yield alerter
+        yield sink, transport
     finally:
-        await alerter.aclose(close_timeout)
+        await transport.aclose(close_timeout)
 
 
 def events(sub: Collector) -> list[Received]:
@@ -106,15 +108,16 @@ def broker(brokers: Callable[..., Broker]) -> Broker:
 async def test_events_arrive_as_readable_json_on_their_topics(broker: Broker) -> None:
     """Crash, restart and recovery arrive in order as JSON; status and state are retained."""
     async with Collector(broker, ALL) as sub:
-        async with running(mqtt_cfg(broker.port)) as a:
+        async with running(mqtt_cfg(broker.port)) as (sink, a):
             await sub.wait_for(lambda: last_status(sub) == b"online", what="status online")
-            a.emit(edge("launch", {"mem_fraction_static": 0.93, "attempt": 1}))
-            a.emit(edge("state_changed", {"from": "READY", "to": "BACKOFF", "reason": "crash",
-                                     "mem_fraction_static": 0.93, "restarts": 0, "last_cause": "cuda_oom_runtime"}))
-            a.emit(edge("crash", CRASH))
-            a.emit(edge("restart_scheduled", RESTART))
-            a.emit(edge("probe", {"ok": True, "duration_s": 1.0}))
-            a.emit(edge("recovered", RECOVERED))
+            sink.emit(typed("launch", {"mem_fraction_static": 0.93, "attempt": 1}))
+            sink.emit(typed("state_changed", {"from": "READY", "to": "BACKOFF", "reason": "crash",
+                                              "mem_fraction_static": 0.93, "restarts": 0,
+                                              "last_cause": "cuda_oom_runtime"}))
+            sink.emit(typed("crash", CRASH))
+            sink.emit(typed("restart_scheduled", RESTART))
+            sink.emit(typed("probe", {"ok": True, "duration_s": 1.0}))
+            sink.emit(typed("recovered", RECOVERED))
             await sub.wait_for(lambda: len(events(sub)) >= 3 and sub.on("/state"), what="three events and state")
             assert a.sent == 3
         await sub.wait_for(lambda: last_status(sub) == b"offline", what="status offline on clean stop")
@@ -138,14 +141,17 @@ async def test_events_arrive_as_readable_json_on_their_topics(broker: Broker) ->
 
 CHILD = """
 import asyncio, sys
-from supervisor.sinks.alerts import MqttAlerter
+from supervisor.adapters.mqtt import MqttTransport
 from supervisor.core.config import MqttConfig
+from supervisor.sinks.alerts import Topics, client_id
 
 async def main():
     up = asyncio.Event()
     cfg = MqttConfig(enabled=True, port=int(sys.argv[1]), keepalive_s=5)
-    a = MqttAlerter(cfg, host=sys.argv[2], instance=sys.argv[3],
-                    on_health=lambda k, v: up.set() if (k, v) == ("mqtt_connected", True) else None)
+    host, instance = sys.argv[2], sys.argv[3]
+    a = MqttTransport(cfg, client_id=client_id(cfg, host, instance),
+                      status_topic=Topics.of(cfg.topic_prefix, host, instance).status,
+                      on_health=lambda k, v: up.set() if (k, v) == ("mqtt_connected", True) else None)
     await a.start()
     await up.wait()
     print("CONNECTED", flush=True)
@@ -181,9 +187,9 @@ async def test_alerts_queued_while_the_broker_is_down_arrive_in_order(brokers: C
     broker.start()
     async with Collector(broker, TOPICS.event("#"), persistent=True) as sub:
         await broker.astop()
-        async with running(mqtt_cfg(broker.port)) as a:
+        async with running(mqtt_cfg(broker.port)) as (sink, a):
             for attempt in range(1, 6):
-                a.emit(edge("crash", {**CRASH, "attempt": attempt}))
+                sink.emit(typed("crash", {**CRASH, "attempt": attempt}))
             await until(lambda: a.connect_failures >= 1, what="a failed connect")
             await broker.astart()
             await sub.wait_for(lambda: len(events(sub)) >= 5, what="five crash events")
@@ -195,14 +201,15 @@ async def test_a_flapping_broker_loses_no_alert(brokers: Callable[..., Broker]) 
     broker = brokers(persistent=True)
     broker.start()
     emitted = 0
-    async with Collector(broker, TOPICS.event("#"), persistent=True) as sub, running(mqtt_cfg(broker.port)) as a:
+    async with Collector(broker, TOPICS.event("#"), persistent=True) as sub, \
+            running(mqtt_cfg(broker.port)) as (sink, a):
         await until(lambda: a.connected, what="the alerter to connect")
 
         def burst() -> None:
             nonlocal emitted
             for _ in range(4):
                 emitted += 1
-                a.emit(edge("crash", {**CRASH, "attempt": emitted}))
+                sink.emit(typed("crash", {**CRASH, "attempt": emitted}))
 
         burst()
         for _ in range(2):
@@ -224,14 +231,15 @@ async def test_a_crash_during_a_broker_outage_is_delivered_and_never_delays_the_
     broker = brokers(persistent=True)
     broker.start()
     order: list[str] = []
-    async with Collector(broker, TOPICS.event("#"), persistent=True) as sub, running(mqtt_cfg(broker.port)) as a:
+    async with Collector(broker, TOPICS.event("#"), persistent=True) as sub, \
+            running(mqtt_cfg(broker.port)) as (sink, a):
         await until(lambda: a.connected, what="the alerter to connect")
         await broker.astop()
         await until(lambda: not a.connected, what="the alerter to notice the outage")
         loop = asyncio.get_running_loop()
         restarted = loop.create_future()
         # The daemon's crash handling: emit the alert, then relaunch on the next loop turn.
-        a.emit(edge("crash", CRASH))
+        sink.emit(typed("crash", CRASH))
         order.append("crash_emitted")
         loop.call_soon(lambda: (order.append("relaunched"), restarted.set_result(None)))
         await restarted
@@ -250,12 +258,12 @@ async def test_a_black_hole_broker_never_delays_emit(no_children_left: None) -> 
     with BlackHole() as hole:
         cfg = mqtt_cfg(hole.port, connect_timeout_s=30, outbox_size=100)
         health = lambda kind, value: order.append(kind) if kind != "mqtt_connected" else None  # noqa: E731
-        async with running(cfg, close_timeout=1, on_health=health) as a:
+        async with running(cfg, close_timeout=1, on_health=health) as (sink, a):
             await until(hole.has_pending_connection, what="the connect to reach the black hole")
             loop = asyncio.get_running_loop()
             relaunched = loop.create_future()
             for attempt in range(1000):
-                a.emit(edge("crash", {**CRASH, "attempt": attempt}))
+                sink.emit(typed("crash", {**CRASH, "attempt": attempt}))
             order.append("emitted")
             loop.call_soon(lambda: (order.append("relaunched"), relaunched.set_result(None)))
             await relaunched
@@ -296,8 +304,8 @@ async def test_password_file_authenticates_with_the_broker(brokers: Callable[...
     pw.chmod(0o600)
     cfg = mqtt_cfg(broker.port, username=USER, password_file=str(pw))
     async with Collector(broker, TOPICS.event("#"), username=USER, password=PASSWORD) as sub:
-        async with running(cfg) as a:
-            a.emit(edge("crash", CRASH))
+        async with running(cfg) as (sink, a):
+            sink.emit(typed("crash", CRASH))
             await sub.wait_for(lambda: events(sub), what="the crash alert")
     assert events(sub)[0].json()["kind"] == "crash"
 
@@ -315,7 +323,7 @@ async def test_a_wrong_password_is_logged_clearly_retried_and_never_leaked(
     caplog.set_level(logging.DEBUG)
     cfg = mqtt_cfg(broker.port, username=USER, password_file=str(pw))
     with capture_logs() as logs:
-        async with running(cfg) as a:
+        async with running(cfg) as (_, a):
             await until(lambda: a.connect_failures >= 2, what="two refused logins")
             assert a.running and not a.connected
             shown = repr(a)
@@ -336,8 +344,8 @@ async def test_tls_with_a_ca_made_in_the_test(brokers: Callable[..., Broker], tm
     sub_tls = {"tls_params": aiomqtt.TLSParameters(ca_certs=str(tls.ca_cert)), "tls_insecure": True}
     cfg = mqtt_cfg(broker.port, host="localhost", tls=True, tls_ca_file=str(tls.ca_cert))
     async with Collector(broker, TOPICS.event("#"), **sub_tls) as sub:
-        async with running(cfg) as a:
-            a.emit(edge("crash", CRASH))
+        async with running(cfg) as (sink, a):
+            sink.emit(typed("crash", CRASH))
             await sub.wait_for(lambda: events(sub), what="the crash alert over TLS")
     assert events(sub)[0].json()["kind"] == "crash"
 
@@ -352,7 +360,7 @@ async def test_tls_refuses_a_name_mismatch_unless_explicitly_insecure(
     reasons: list[str] = []
     strict = mqtt_cfg(broker.port, tls=True, tls_ca_file=str(tls.ca_cert))
     health = lambda kind, value: reasons.append(value) if kind == "mqtt_connect_failed" else None  # noqa: E731
-    async with running(strict, on_health=health) as a:
+    async with running(strict, on_health=health) as (_, a):
         await until(lambda: a.connect_failures >= 1, what="a refused TLS handshake")
         assert not a.connected
     assert reasons[0] == "tls"

@@ -23,10 +23,13 @@ from tests.conftest import free_port
 P = "sglang_supervisor_"
 
 
-def daemon_alerter(metrics: Metrics | None, mqtt: MqttConfig | None = None) -> cli.MqttAlerter:
+def daemon_alerter(metrics: Metrics | None, mqtt: MqttConfig | None = None) -> cli.MqttTransport:
+    """The MQTT transport of the daemon's alerts (the one that reports health)."""
     cfg = replace(Config(), mqtt=mqtt or MqttConfig(enabled=True))
-    return cli.build_alerter(cfg, host="gpu-node-3", instance="kimi", logger=structlog.get_logger("test"),
-                             metrics=metrics)
+    sink, transport = cli.build_alerter(cfg, host="gpu-node-3", instance="kimi", logger=structlog.get_logger("test"),
+                                        metrics=metrics)
+    assert sink._outbox is transport  # the sink hands its messages to the transport
+    return transport
 
 
 def test_a_failed_broker_connect_is_counted_by_the_daemons_wiring() -> None:

@@ -17,7 +17,7 @@ from supervisor.core import events as ev
 from supervisor.core.config import config_from_overrides
 from supervisor.core.model import Cause, Phase, Remedy, State
 from supervisor.services import daily
-from supervisor.sinks.alerts import MqttAlerter, build_alert
+from supervisor.sinks.alerts import build_alert
 from supervisor.sinks.gpuring import GpuRingSink, read_ring
 from supervisor.sinks.journal import JournalSink, read_journal
 
@@ -71,7 +71,7 @@ def test_the_summary_has_the_key_figures(tmp_path):
     assert (s.mem_fraction_static, s.next_mem_fraction_static) == (0.93, 0.88)
     assert s.lost_s == 120.0 and s.open_problems == () and s.least_free_gb == pytest.approx(0.78, abs=0.01)
     assert s.serving_pct == pytest.approx(100 * (36000 - 120 - 120) / 36000, abs=0.1)
-    payload = build_alert("daily_summary", s.fields(), host="gpu-node-3", instance="kimi",
+    payload = build_alert(s, host="gpu-node-3", instance="kimi",
                           ts=datetime.now(PARIS), alert_id="1", evidence_max_chars=2000)
     assert payload is not None and payload["kind"] == "daily_summary" and payload["severity"] == "info"
     assert payload["message"] == (
@@ -157,10 +157,12 @@ async def test_the_daily_summary_is_published_over_mqtt(tmp_path):
         cfg = MqttConfig(enabled=True, host="127.0.0.1", port=broker.port, keepalive_s=5, connect_timeout_s=20,
                          reconnect_initial_s=0.05, reconnect_max_s=0.5)
         async with Collector(broker, "sglang-supervisor/#") as sub:
-            alerter = MqttAlerter(cfg, host="gpu-node-3", instance="kimi")
+            from tests.test_alerts import alerter as wired
+
+            sink, alerter = wired(cfg, host="gpu-node-3", instance="kimi")
             await alerter.start()
             try:
-                alerter.emit(ev.DailySummary(**{**summary.fields(), "causes": tuple(summary.causes),
+                sink.emit(ev.DailySummary(**{**summary.fields(), "causes": tuple(summary.causes),
                                                 "open_problems": tuple(summary.open_problems)}))
                 (msg,) = await sub.wait_for(lambda: sub.on("/event/daily_summary"), what="the daily summary")
             finally:

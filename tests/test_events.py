@@ -90,9 +90,9 @@ def test_each_kind_is_one_class() -> None:
 
 
 def test_every_alert_has_a_severity_and_one_wording() -> None:
-    """An alerting event class says its MQTT kind and severity; the alerts sink has exactly
-    one wording function per alert kind (plus the drill's), so adding an alert kind is one
-    class and one function."""
+    """An alerting event class says its MQTT kind and severity; the alerts sink has one
+    wording per alert kind (plus the drill's), a case of its match, so adding an alert kind is
+    one class and one function."""
     kinds = ev.alert_kinds()
     assert kinds == {
         "crash": "crash", "restart_scheduled": "restart", "recovered": "recovered", "gave_up": "gave_up",
@@ -104,7 +104,13 @@ def test_every_alert_has_a_severity_and_one_wording() -> None:
     for kind, alert in kinds.items():
         assert ev.EVENTS[kind].severity in ("info", "warning", "critical"), kind
         assert alerts.SEVERITY[alert] == ev.EVENTS[kind].severity
-    assert set(alerts.WORDING) == {*kinds.values(), alerts.DRILL}
+    # The alerts sink's one match: words for every alerting class (each sample of it), for no
+    # other event, and for the drill.
+    samples = instances()
+    assert all(alerts.said(e, host="h", instance="i") is not None for e in samples if e.alert)
+    assert {e.alert for e in samples if alerts.said(e, host="h", instance="i") is not None} == set(kinds.values())
+    assert alerts.said(alerts.Drill(), host="h", instance="i") is not None and alerts.Drill.alert == alerts.DRILL
+    assert set(alerts.SEVERITY) == {*kinds.values(), alerts.DRILL}
     assert all(not cls.severity for cls in ev.EVENTS.values() if not cls.alert)
 
 

@@ -1,7 +1,8 @@
 """Fuzzed alert payloads: huge evidence is truncated, with a marker saying by how much.
 
-Hypothesis feeds ``supervisor.sinks.alerts.build_alert`` (and ``MqttAlerter.emit``, whose outbox
-holds the bytes that would be published) evidence of every shape the daemon could hand it:
+Hypothesis feeds ``supervisor.sinks.alerts.build_alert`` (and ``AlertSink.emit``, whose MQTT
+transport's outbox holds the bytes that would be published) evidence of every shape the daemon
+could hand it:
 thousands of lines, one giant line, wide Unicode, non-strings. The payload's evidence never
 exceeds ``[mqtt] evidence_max_chars``, what is kept is the start of the evidence, and the
 marker counts exactly the characters cut; the whole message stays small (at most 6 bytes a character,
@@ -10,6 +11,7 @@ JSON's worst escape, plus a few KiB of other fields).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from datetime import UTC, datetime
@@ -19,9 +21,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor.core.config import MqttConfig
+from supervisor.core.events import EVENTS
 from supervisor.core.model import Cause
-from supervisor.sinks.alerts import MqttAlerter, build_alert, truncate_evidence
-from tests.edge import edge
+from supervisor.sinks.alerts import build_alert, truncate_evidence
+from tests.edge import typed
+from tests.test_alerts import alerter as wired
 
 MARKER = re.compile(r"\n\.\.\. \[truncated (\d+) chars\]\Z")
 TS = datetime(2026, 11, 29, 3, 12, 9, tzinfo=UTC)
@@ -64,13 +68,17 @@ def test_truncate_evidence_keeps_the_start_and_counts_the_rest(ev: Any, limit: i
 @FUZZ
 @given(ev=evidence, limit=limits, cause=st.sampled_from(list(Cause)), kind=st.sampled_from(["crash", "gave_up", "headroom_low"]))
 def test_alert_payload_with_huge_evidence_is_bounded(ev: Any, limit: int, cause: Cause, kind: str) -> None:
-    """build_alert: the evidence field obeys the limit and the JSON payload stays small."""
+    """build_alert: the evidence field obeys the limit and the JSON payload stays small. Of
+    the three, only a crash carries evidence: a typed give-up or headroom warning has no such
+    field, so its evidence is empty (each event gets the fields its class has)."""
     fields = {"cause": str(cause), "evidence": ev, "phase": "serving", "mem_fraction_static": 0.93,
               "next_mem_fraction_static": 0.88, "attempt": 3, "next_retry_s": 10.0, "reason": "budget spent"}
-    payload = build_alert(kind, fields, host="gpu-node-7", instance="kimi", ts=TS, alert_id="id-1",
+    names = {f.name.rstrip("_") for f in dataclasses.fields(EVENTS[kind])}
+    event = typed(kind, {k: v for k, v in fields.items() if k in names})
+    payload = build_alert(event, host="gpu-node-7", instance="kimi", ts=TS, alert_id="id-1",  # type: ignore[arg-type]
                           evidence_max_chars=limit)
     assert payload is not None
-    assert_truncated(payload["evidence"], joined(ev), limit)
+    assert_truncated(payload["evidence"], joined(ev) if kind == "crash" else "", limit)
     size = len(json.dumps(payload, ensure_ascii=False).encode())
     assert size <= 6 * limit + 4096, size
 
@@ -78,11 +86,11 @@ def test_alert_payload_with_huge_evidence_is_bounded(ev: Any, limit: int, cause:
 @settings(max_examples=50, deadline=None)
 @given(ev=evidence, limit=limits)
 def test_queued_mqtt_message_is_bounded(ev: Any, limit: int) -> None:
-    """What MqttAlerter would publish (its outbox) carries the truncated evidence."""
-    alerter = MqttAlerter(MqttConfig(enabled=True, evidence_max_chars=limit), host="h", instance="i")
-    alerter.emit(edge("crash", {"cause": "cuda_oom_runtime", "evidence": ev, "attempt": 1, "next_retry_s": 1.0}))
-    assert alerter.pending == 1
-    message = alerter._outbox[0]  # noqa: SLF001 - the bytes that would go on the wire
+    """What the alerts sink hands its MQTT transport (the outbox) carries the truncated evidence."""
+    sink, transport = wired(MqttConfig(enabled=True, evidence_max_chars=limit), host="h", instance="i")
+    sink.emit(typed("crash", {"cause": "cuda_oom_runtime", "evidence": ev, "attempt": 1, "next_retry_s": 1.0}))
+    assert transport.pending == 1
+    message = transport._outbox[0]  # noqa: SLF001 - the bytes that would go on the wire
     payload = json.loads(message.payload)
     assert_truncated(payload["evidence"], joined(ev), limit)
     assert len(message.payload) <= 6 * limit + 4096
@@ -93,7 +101,7 @@ def test_queued_mqtt_message_is_bounded(ev: Any, limit: int) -> None:
 def test_gpu_memory_stuck_evidence_from_many_gpus_is_bounded(count: int, limit: int) -> None:
     """The stuck-memory alert builds its evidence from the GPU list: bounded as well."""
     gpus = [{"index": i, "uuid": f"GPU-{i:08d}", "free_bytes": 1, "total_bytes": 2} for i in range(count)]
-    payload = build_alert("gpu_memory_stuck", {"gpus": gpus, "timeout_s": 120}, host="h", instance="i",
-                          ts=TS, alert_id="id", evidence_max_chars=limit)
+    payload = build_alert(typed("gpu_memory_stuck", {"gpus": gpus, "timeout_s": 120}),  # type: ignore[arg-type]
+                          host="h", instance="i", ts=TS, alert_id="id", evidence_max_chars=limit)
     assert payload is not None
     assert len(payload["evidence"]) <= limit

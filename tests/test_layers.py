@@ -46,6 +46,10 @@ VIOLATIONS = [
     ("services/fleet_sync.py", "import supervisor.adapters.etcd", "fleet memory and groups reach etcd and the version probe through ports"),
     ("services/grouping.py", "import supervisor.adapters.etcd", "fleet memory and groups reach etcd and the version probe through ports"),
     ("sinks/logs.py", "import supervisor.sinks.metrics", "sinks are independent of each other"),
+    ("sinks/alerts.py", "import supervisor.adapters.mqtt", "layers: cli > daemon"),  # the root wires them
+    ("sinks/metrics_endpoint.py", "import supervisor.sinks.metrics", "sinks are independent of each other"),
+    ("adapters/mqtt.py", "import supervisor.sinks.alerts", "layers: cli > daemon"),
+    ("adapters/mqtt.py", "import supervisor.adapters.router", "adapters are independent"),
     ("services/rolling.py", "import supervisor.services.routing", "services are independent of each other"),
     ("unit/life.py", "import supervisor.core.policy", "the shell decides nothing"),
     ("services/routing.py", "from supervisor.core.policy import decide", "the shell decides nothing"),

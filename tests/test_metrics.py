@@ -24,16 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.core.config import MetricsConfig
 from supervisor.core.model import Cause, State
-from supervisor.sinks.metrics import (
-    GIB,
-    HICACHE_GB,
-    Metrics,
-    MetricsError,
-    labelled_registry,
-    parse_listen,
-    rank_gpus,
-    start_metrics_server,
-)
+from supervisor.sinks.metrics import GIB, HICACHE_GB, Metrics, rank_gpus
+from supervisor.sinks.metrics_endpoint import MetricsError, labelled_registry, parse_listen, start_metrics_server
 from tests.conftest import require_binary
 from tests.edge import typed
 

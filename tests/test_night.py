@@ -273,6 +273,7 @@ def test_what_to_do_now_is_the_alerts_wording_after_the_time():
     """An open give-up reads as its MQTT alert reads (alerts.describe), after the local time."""
     from zoneinfo import ZoneInfo
 
+    from supervisor.core.events import from_fields
     from supervisor.report import todo_sentences
     from supervisor.sinks.alerts import describe
 
@@ -286,6 +287,7 @@ def test_what_to_do_now_is_the_alerts_wording_after_the_time():
     ]
     n = summarize(records, start=t - 3600, end=t + 3600, floor=0.8)
     (sentence,) = todo_sentences(n, records, instance="kimi", tz=ZoneInfo("UTC"))
-    alert = describe("gave_up", records[1], host="gpu-node-3", instance="kimi")
+    alert = describe(from_fields("gave_up", {k: v for k, v in records[1].items() if k not in ("t", "kind")}),
+                     host="gpu-node-3", instance="kimi")
     assert sentence == f"03:12: {alert}"
     assert sentence == "03:12: sglang kimi on gpu-node-3 gave up after 1 crash: gpu_hw_error on GPU 5 - reset the GPU; needs a human"

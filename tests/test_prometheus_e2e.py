@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from supervisor.sinks.metrics import Metrics, start_metrics_server
+from supervisor.sinks.metrics import Metrics
+from supervisor.sinks.metrics_endpoint import start_metrics_server
 from tests.conftest import free_port, require_binary
 from tests.harness import STOP_SLACK_S, stop_daemon
 from tests.prom import JOB, PrometheusServer, rose, went

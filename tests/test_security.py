@@ -31,9 +31,9 @@ from harness import REPO, DaemonRun, ProcessWatch, write_config
 
 from supervisor.core.config import ConfigError, MetricsConfig, MqttConfig, ServerConfig, load_config
 from supervisor.sinks import logs
-from supervisor.sinks.alerts import MqttAlerter
-from supervisor.sinks.metrics import start_metrics_server
+from supervisor.sinks.metrics_endpoint import start_metrics_server
 from tests.edge import edge
+from tests.test_alerts import alerter as wired
 
 LOOPBACK = {"127.0.0.1", "::1"}
 
@@ -213,7 +213,7 @@ async def test_password_file_readable_by_others_gets_a_warning(tmp_path: Path, m
     log = RecordingLogger()
     cfg = MqttConfig(enabled=True, port=free_port(), username="u", password_file=str(pw),
                      reconnect_initial_s=0.05, reconnect_max_s=0.1, connect_timeout_s=1.0)
-    alerter = MqttAlerter(cfg, host="h", instance="i", logger=log)
+    _, alerter = wired(cfg, host="h", instance="i", logger=log)
     await alerter.start()
     try:
         deadline = asyncio.get_running_loop().time() + 30

@@ -502,7 +502,7 @@ TS = datetime(2026, 10, 4, 3, 12, 9, tzinfo=UTC)
 
 
 def alert(event: ev.Crash) -> dict[str, Any]:
-    payload = build_alert("crash", event.fields(), host="gpu-node-3", instance="kimi", ts=TS, alert_id="i",
+    payload = build_alert(event, host="gpu-node-3", instance="kimi", ts=TS, alert_id="i",
                           evidence_max_chars=2000)
     assert payload is not None
     return dict(payload)

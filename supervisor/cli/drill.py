@@ -6,9 +6,52 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
 
-from supervisor.core.config import Config, alert_instance
-from supervisor.sinks.alerts import default_host, drill
+import structlog
+from structlog.typing import FilteringBoundLogger
+
+from supervisor.adapters.mqtt import PUBLISH_ERRORS, failure, publish_once
+from supervisor.core.config import Config, MqttConfig, alert_instance
+from supervisor.sinks.alerts import client_id, default_host, drill_message, utcnow
+
+
+@dataclass(frozen=True, slots=True)
+class DrillResult:
+    """Whether the broker acknowledged a drill alert."""
+
+    acknowledged: bool
+    detail: str
+    topic: str
+
+
+async def drill(
+    cfg: MqttConfig,
+    *,
+    host: str,
+    instance: str,
+    timeout_s: float = 10.0,
+    logger: FilteringBoundLogger | None = None,
+    clock: Callable[[], datetime] = utcnow,
+) -> DrillResult:
+    """Publish one ``drill`` alert (QoS >= 1) and report whether the broker acknowledged it.
+
+    The alerts sink words it (``drill_message``), the MQTT adapter sends it (``publish_once``).
+    Each step (connect, TLS, CONNACK, PUBACK) waits at most ``timeout_s``. The drill uses
+    its own client id and no Will, so it never disturbs a running daemon's connection.
+    """
+    log = logger if logger is not None else structlog.get_logger("supervisor.cli.drill")
+    alert_id = str(uuid.uuid4())
+    topic, payload = drill_message(cfg, host=host, instance=instance, ts=clock(), alert_id=alert_id)
+    try:
+        await publish_once(cfg, f"{client_id(cfg, host, instance)}-drill-{alert_id[:8]}", topic, payload,
+                           retain=False, timeout_s=timeout_s, log=log)
+    except PUBLISH_ERRORS as exc:
+        return DrillResult(False, failure(exc, cfg)[1], topic)
+    return DrillResult(True, f"broker {cfg.host}:{cfg.port} acknowledged drill {alert_id}", topic)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

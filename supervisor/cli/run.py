@@ -18,8 +18,9 @@ from supervisor.aio import cancel_and_wait
 from supervisor.core.config import Config, ConfigError, alert_instance, load_config, server_configs, unit_name
 
 if TYPE_CHECKING:
+    from supervisor.adapters.mqtt import MqttTransport
     from supervisor.adapters.router import RouterClient
-    from supervisor.sinks.alerts import MqttAlerter
+    from supervisor.sinks.alerts import AlertSink
     from supervisor.sinks.metrics import Metrics
 
 
@@ -56,7 +57,7 @@ async def run_daemon_async(
     logger = logs.configure(cfg.logging.format, cfg.logging.level, log_stream)
     host = socket.gethostname()
     metrics_server = None
-    alerters: list[MqttAlerter] = []
+    alerters: list[MqttTransport] = []
     registries: dict[str, CollectorRegistry] = {}
     server_sinks: dict[str, list[Any]] = {}
     for unit in server_configs(cfg):
@@ -77,13 +78,13 @@ async def run_daemon_async(
         if cfg.report.enabled:
             own.extend(report_sinks(unit, logger))
         if cfg.mqtt.enabled:
-            alerter = build_alerter(unit, host=host, instance=alert_instance(cfg, unit),
-                                    logger=logger, metrics=metrics)
+            alerts, alerter = build_alerter(unit, host=host, instance=alert_instance(cfg, unit),
+                                            logger=logger, metrics=metrics)
             await alerter.start()
             alerters.append(alerter)
-            own.append(alerter)
+            own.append(alerts)
     if cfg.metrics.enabled:
-        from supervisor.sinks.metrics import MetricsError, labelled_registry, start_metrics_server
+        from supervisor.sinks.metrics_endpoint import MetricsError, labelled_registry, start_metrics_server
 
         try:
             metrics_server = await start_metrics_server(cfg.metrics.listen, labelled_registry(registries))
@@ -150,8 +151,8 @@ async def run_daemon_async(
         daemon.disarm()
 
 
-async def publish_offline(alerters: Sequence[MqttAlerter], timeout_s: float) -> None:
-    """Each alerter's retained ``offline`` at once, over fresh connections (a shutdown overdue)."""
+async def publish_offline(alerters: Sequence[MqttTransport], timeout_s: float) -> None:
+    """Each MQTT transport's retained ``offline`` at once, over fresh connections (a shutdown overdue)."""
     results = await asyncio.gather(*(a.offline_now(timeout_s) for a in alerters), return_exceptions=True)
     failed = [r for r in results if isinstance(r, BaseException)]
     if failed:
@@ -217,12 +218,18 @@ def alerting_health_callback(metrics: Metrics | None) -> Callable[[str, Any], No
     return _no_health if metrics is None else metrics.alerting_health
 
 
-def build_alerter(cfg: Config, *, host: str, instance: str, logger: Any, metrics: Metrics | None) -> MqttAlerter:
-    """The daemon's MQTT alerter (not started), reporting its health to ``metrics``."""
-    from supervisor.sinks.alerts import MqttAlerter
+def build_alerter(cfg: Config, *, host: str, instance: str, logger: Any,
+                  metrics: Metrics | None) -> tuple[AlertSink, MqttTransport]:
+    """The daemon's MQTT alerts: the sink that words them, and the transport (not started)
+    that delivers them and reports its health to ``metrics``."""
+    from supervisor.adapters.mqtt import MqttTransport
+    from supervisor.sinks.alerts import AlertSink, Topics, client_id
 
-    return MqttAlerter(cfg.mqtt, host=host, instance=instance, logger=logger,
-                       on_health=alerting_health_callback(metrics))
+    m = cfg.mqtt
+    transport = MqttTransport(m, client_id=client_id(m, host, instance),
+                              status_topic=Topics.of(m.topic_prefix, host, instance).status, logger=logger,
+                              on_health=alerting_health_callback(metrics))
+    return AlertSink(m, host=host, instance=instance, outbox=transport, logger=logger), transport
 
 
 def dry_run(cfg: Config) -> object:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import socket
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
 from typing import Any
 
 from supervisor.core.config import Config, alert_instance, server_configs, unit_name
 from supervisor.core.diagnosis.site_rules import rule_toml
+from supervisor.core.events import Event, from_fields
 from supervisor.core.model import Cause
 from supervisor.core.night import Advice, ClimbStep, KvPressure, Night, summarize
 from supervisor.sinks.alerts import describe
@@ -51,9 +52,22 @@ def todo_sentences(night: Night, records: Sequence[dict[str, Any]], *, instance:
     out: list[str] = []
     for kind, record in night.open_problems:
         host = str(record.get("host") or socket.gethostname()).split(".")[0]
-        sentence = describe(kind, record, host=host, instance=instance)
+        event = record_event(record)
+        sentence = (describe(event, host=host, instance=instance) if event is not None
+                    else f"sglang {instance} on {host}: {kind}")  # describe's own words for what it cannot read
         out.append(f"{clock_time(float(record['t']), tz)}: {sentence}")
     return tuple(out)
+
+
+def record_event(record: Mapping[str, Any]) -> Event | None:
+    """The typed event a journal record was written from (``sinks.journal.journal_line``: its
+    fields with ``t``, ``ts`` and ``kind``); None for one this version cannot read back (cut
+    short, or written by another version)."""
+    fields = {k: v for k, v in record.items() if k not in ("t", "ts", "kind")}
+    try:
+        return from_fields(str(record.get("kind")), fields)
+    except (ValueError, TypeError, KeyError):
+        return None
 
 
 def collect(cfg: Config, *, since_s: float, now: float, tz: tzinfo) -> list[ServerNight]:

@@ -10,9 +10,8 @@ Labels are bounded: a crash cause (the ``Cause`` values, every one pre-initialis
 an alert kind, the host name. Never a pid, a path or a message. ``rank_gpu_info`` ties each
 rank to its GPU (``rank_gpus``), so DCGM exporter's series join the supervisor's ranks.
 
-The exporter is prometheus_client's threaded HTTP server, bound to exactly the configured
-host: a scrape runs in its own thread and never waits on the event loop, and ``emit`` only
-updates in-memory values, so neither can delay a restart decision.
+The endpoint that serves them is ``supervisor.sinks.metrics_endpoint``; ``emit`` only
+updates in-memory values, so it cannot delay a restart decision.
 
 What SGLang exports itself with ``--enable-metrics`` (``sglang:*``: queue, throughput,
 token usage, latency) is not duplicated here; see docs/metrics.md for scraping both.
@@ -20,21 +19,16 @@ token usage, latency) is not duplicated here; see docs/metrics.md for scraping b
 
 from __future__ import annotations
 
-import asyncio
 import math
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from wsgiref.simple_server import WSGIServer
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
-from prometheus_client.metrics_core import Metric
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from supervisor import __version__
 from supervisor.core.capacity import rank_gpus
-from supervisor.core.config import url_host
 from supervisor.core.events import (
     ALERT_KINDS,
     Climbed,
@@ -127,14 +121,10 @@ LINKS = ("group", "router", "fleet", "mqtt")  # supervisor.aio.Reconnect's links
 ROUTER_OPS = ("add", "remove", "list")  # supervisor.services.routing
 ROUTER_REMOVE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 PROBE_FAILURE_REASONS = ("http_status", "no_response")  # an answer that is not 200 / none
-MQTT_FAILURE_REASONS = ("auth", "config", "tls", "timeout", "error")  # supervisor.sinks.alerts._failure
+MQTT_FAILURE_REASONS = ("auth", "config", "tls", "timeout", "error")  # supervisor.adapters.mqtt.failure
 ALERT_KIND_LABELS = (*sorted(set(ALERT_KINDS.values())), "other")
 
 log = structlog.get_logger(__name__)
-
-class MetricsError(Exception):
-    """The metrics endpoint could not be served (bad address, port taken)."""
-
 
 def _number(value: object) -> float | None:
     """A finite float from an event field, or None (absent, null, garbage)."""
@@ -148,6 +138,19 @@ def _gauge_value(value: object, scale: float = 1.0) -> float:
     """An event field as a gauge value: NaN when unknown, so comparisons are false."""
     number = _number(value)
     return NAN if number is None else number * scale
+
+
+@dataclass(frozen=True, slots=True)
+class _Families:
+    """Declares metric families in one registry, named ``sglang_supervisor_*``."""
+
+    registry: CollectorRegistry
+
+    def gauge(self, name: str, doc: str, labels: Iterable[str] = ()) -> Gauge:
+        return Gauge(f"{PREFIX}_{name}", doc, list(labels), registry=self.registry)
+
+    def counter(self, name: str, doc: str, labels: Iterable[str] = ()) -> Counter:
+        return Counter(f"{PREFIX}_{name}", doc, list(labels), registry=self.registry)
 
 
 class Metrics:
@@ -187,49 +190,59 @@ class Metrics:
         self._state: State = State.STOPPED
         self._probe_ok = False
 
-        def gauge(name: str, doc: str, labels: Iterable[str] = ()) -> Gauge:
-            return Gauge(f"{PREFIX}_{name}", doc, list(labels), registry=registry)
+        families = _Families(registry)
+        self._declare_server(families)
+        self._declare_gpus(families)
+        self._declare_links(families)
+        self._declare_memory_model(families)
+        self._preset()
+        self._set_ladder(fraction_ladder)
+        self.headroom_min.set(_gauge_value(headroom_min_gb, GIB))
+        self._set_state(State.STOPPED)
 
-        def counter(name: str, doc: str, labels: Iterable[str] = ()) -> Counter:
-            return Counter(f"{PREFIX}_{name}", doc, list(labels), registry=registry)
+    # -- the families ------------------------------------------------------------------
 
-        self.build_info = Info(f"{PREFIX}_build", "The supervisor's version.", registry=registry)
+    def _declare_server(self, f: _Families) -> None:
+        """The server and the supervisor: state, crashes and restarts, memory settings, timings."""
+        self.build_info = Info(f"{PREFIX}_build", "The supervisor's version.", registry=f.registry)
         self.build_info.info({"version": __version__})
         # Server and supervisor state.
-        self.server_up = gauge("server_up", "1 when the SGLang server is READY and its last health probe passed, else 0.")
-        self.state = gauge("state", "The supervisor state: 1 for the current one, 0 for the others.", ["state"])
-        self.gave_up = gauge("gave_up", "1 when the supervisor gave up restarting the server and waits for a human.")
-        self.launches = counter("launches", "Server launches (the first one and every restart).")
+        self.server_up = f.gauge("server_up", "1 when the SGLang server is READY and its last health probe passed, else 0.")
+        self.state = f.gauge("state", "The supervisor state: 1 for the current one, 0 for the others.", ["state"])
+        self.gave_up = f.gauge("gave_up", "1 when the supervisor gave up restarting the server and waits for a human.")
+        self.launches = f.counter("launches", "Server launches (the first one and every restart).")
         # Crashes and restarts.
-        self.crashes = counter("crashes", "Server crashes by diagnosed cause.", ["cause"])
-        self.restarts = counter("restarts", "Restarts scheduled by the cause of the crash that led to them.", ["cause"])
-        self.last_crash = gauge("last_crash_timestamp_seconds", "Unix time of the last crash (0 = none since the supervisor started).")
-        self.consecutive_failures = gauge("consecutive_failures", "Crashes in a row as of the last crash; 0 once the server is ready again.")
-        self.backoff_delay = gauge("backoff_delay_seconds", "Delay before the scheduled restart while waiting it out, else 0.")
+        self.crashes = f.counter("crashes", "Server crashes by diagnosed cause.", ["cause"])
+        self.restarts = f.counter("restarts", "Restarts scheduled by the cause of the crash that led to them.", ["cause"])
+        self.last_crash = f.gauge("last_crash_timestamp_seconds", "Unix time of the last crash (0 = none since the supervisor started).")
+        self.consecutive_failures = f.gauge("consecutive_failures", "Crashes in a row as of the last crash; 0 once the server is ready again.")
+        self.backoff_delay = f.gauge("backoff_delay_seconds", "Delay before the scheduled restart while waiting it out, else 0.")
         # The memory settings the supervisor chose.
-        self.fraction = gauge("mem_fraction_static", "--mem-fraction-static of the current launch (NaN = left to SGLang).")
-        self.fraction_floor = gauge("mem_fraction_static_floor", "The lowest rung of the configured mem_fraction_static ladder (NaN = unknown).")
-        self.ladder_rung = gauge("mem_fraction_ladder_rung", "0-based ladder rung of the current launch's fraction (NaN = off the ladder).")
-        self.hicache = gauge("hicache_size_bytes", "--hicache-size of the current launch, host memory per TP rank (0 = off).")
-        self.headroom_min = gauge("headroom_min_bytes", "Configured minimum GPU headroom after CUDA-graph capture (NaN = unknown).")
+        self.fraction = f.gauge("mem_fraction_static", "--mem-fraction-static of the current launch (NaN = left to SGLang).")
+        self.fraction_floor = f.gauge("mem_fraction_static_floor", "The lowest rung of the configured mem_fraction_static ladder (NaN = unknown).")
+        self.ladder_rung = f.gauge("mem_fraction_ladder_rung", "0-based ladder rung of the current launch's fraction (NaN = off the ladder).")
+        self.hicache = f.gauge("hicache_size_bytes", "--hicache-size of the current launch, host memory per TP rank (0 = off).")
+        self.headroom_min = f.gauge("headroom_min_bytes", "Configured minimum GPU headroom after CUDA-graph capture (NaN = unknown).")
         # Timings.
         self.startup_duration = Histogram(
             f"{PREFIX}_startup_duration_seconds", "Time from launch to the first healthy answer.",
-            buckets=STARTUP_BUCKETS, registry=registry,
+            buckets=STARTUP_BUCKETS, registry=f.registry,
         )
         self.probe_duration = Histogram(
             f"{PREFIX}_health_probe_duration_seconds", "Duration of health probes of a started server.",
-            buckets=PROBE_BUCKETS, registry=registry,
+            buckets=PROBE_BUCKETS, registry=f.registry,
         )
-        self.probe_failures = counter(
+        self.probe_failures = f.counter(
             "health_probe_failures", "Failed health probes of a started server, by reason (http_status | no_response).", ["reason"],
         )
-        # GPUs and ranks.
+
+    def _declare_gpus(self, f: _Families) -> None:
+        """GPUs and ranks."""
         gpu_labels = ("gpu", "UUID")  # DCGM exporter's label names: join on(UUID)
-        self.gpu_total = gauge("gpu_memory_total_bytes", "Total memory of each GPU.", gpu_labels)
-        self.gpu_free = gauge("gpu_memory_free_bytes", "Free memory of each GPU at the last sample.", gpu_labels)
-        self.gpu_probe_errors = counter("gpu_probe_errors", "Failed GPU memory samples (NVML or simulated backend).")
-        self.gpu_memory_stuck = gauge("gpu_memory_stuck", "1 when GPU memory did not free after the server died, until the next launch.")
+        self.gpu_total = f.gauge("gpu_memory_total_bytes", "Total memory of each GPU.", gpu_labels)
+        self.gpu_free = f.gauge("gpu_memory_free_bytes", "Free memory of each GPU at the last sample.", gpu_labels)
+        self.gpu_probe_errors = f.counter("gpu_probe_errors", "Failed GPU memory samples (NVML or simulated backend).")
+        self.gpu_memory_stuck = f.gauge("gpu_memory_stuck", "1 when GPU memory did not free after the server died, until the next launch.")
         rank_facts = {
             "avail_mem_after_capture_gb": ("rank_avail_memory_after_capture_bytes", "GPU memory a rank had left after CUDA-graph capture (headroom for activations).", GIB),
             "max_total_num_tokens": ("rank_max_total_num_tokens", "KV capacity of a rank (max_total_num_tokens from its startup log).", 1.0),
@@ -237,43 +250,50 @@ class Metrics:
             "kv_cache_gb": ("rank_kv_cache_bytes", "GPU memory of a rank's KV cache pool.", GIB),
         }
         self._rank_gauges = {
-            key: (gauge(name, doc + " Current run only.", ["rank"]), scale)
+            key: (f.gauge(name, doc + " Current run only.", ["rank"]), scale)
             for key, (name, doc, scale) in rank_facts.items()
         }
         self.rank_gpu = Info(
             f"{PREFIX}_rank_gpu",
             "The GPU a rank runs on, with DCGM exporter's labels (gpu, UUID, Hostname/hostname) to join"
             " its series on(UUID). Current run only.",
-            ["rank"], registry=registry,
+            ["rank"], registry=f.registry,
         )
-        # Alerting health and notable events.
-        self.alerts_sent = counter("alerts_sent", "Alerts delivered to the MQTT broker, by kind.", ["kind"])
-        self.alerts_dropped = counter("alerts_dropped", "Alerts dropped (outbox full or undeliverable), by kind.", ["kind"])
-        self.mqtt_connected = gauge("mqtt_connected", "1 when connected to the MQTT broker, 0 when not (NaN = MQTT not reporting).")
-        self.mqtt_connect_failures = counter("mqtt_connect_failures", "Failed connections to the MQTT broker, by reason.", ["reason"])
-        self.events = counter("events", "Notable daemon events by name.", ["event"])
+
+    def _declare_links(self, f: _Families) -> None:
+        """Alerting health, notable events, the router, a group, the reconnected links."""
+        self.alerts_sent = f.counter("alerts_sent", "Alerts delivered to the MQTT broker, by kind.", ["kind"])
+        self.alerts_dropped = f.counter("alerts_dropped", "Alerts dropped (outbox full or undeliverable), by kind.", ["kind"])
+        self.mqtt_connected = f.gauge("mqtt_connected", "1 when connected to the MQTT broker, 0 when not (NaN = MQTT not reporting).")
+        self.mqtt_connect_failures = f.counter("mqtt_connect_failures", "Failed connections to the MQTT broker, by reason.", ["reason"])
+        self.events = f.counter("events", "Notable daemon events by name.", ["event"])
         # SGLang's router ([router]).
-        self.router_registered = gauge("router_registered", "1 while the server is registered with SGLang's router, else 0.")
+        self.router_registered = f.gauge("router_registered", "1 while the server is registered with SGLang's router, else 0.")
         self.router_remove = Histogram(
             f"{PREFIX}_router_remove_seconds",
             "From the decision (a death noticed, a stop about to begin) to the router's answer to the removal.",
-            buckets=ROUTER_REMOVE_BUCKETS, registry=registry,
+            buckets=ROUTER_REMOVE_BUCKETS, registry=f.registry,
         )
-        self.router_call_failures = counter("router_call_failures", "Failed calls to SGLang's router, by operation.", ["op"])
+        self.router_call_failures = f.counter("router_call_failures", "Failed calls to SGLang's router, by operation.", ["op"])
         # A multi-node group ([group], docs/group.md).
-        self.group_etcd_up = gauge("group_etcd_up", "1 while etcd answers the group's node, 0 during an outage (NaN = no [group]).")
-        self.group_leader = gauge("group_leader", "1 while this node's daemon leads its group, else 0 (NaN = no [group]).")
-        self.group_generation = gauge("group_generation", "The last generation the group's leader decided, seen from the leader (NaN = none yet).")
+        self.group_etcd_up = f.gauge("group_etcd_up", "1 while etcd answers the group's node, 0 during an outage (NaN = no [group]).")
+        self.group_leader = f.gauge("group_leader", "1 while this node's daemon leads its group, else 0 (NaN = no [group]).")
+        self.group_generation = f.gauge("group_generation", "The last generation the group's leader decided, seen from the leader (NaN = none yet).")
         # The links the daemon reconnects (supervisor.aio.Reconnect): etcd for [group] and for
         # [fleet], SGLang's router, the MQTT broker.
-        self.link_up = gauge("link_up", "1 while the link answers, 0 during an outage (NaN = not configured, or not answered or failed yet).", ["link"])
-        self.link_outages = counter("link_outages", "Outages of a link (each one however often it was retried).", ["link"])
-        # The memory model (docs/capacity.md)
-        self.recommended = gauge("recommended_fraction", "The memory model's highest stable fraction, f* (NaN = it cannot say yet).")
-        self.predicted_kv_tokens = gauge("predicted_kv_tokens", "KV tokens the memory model predicts at f* (NaN = it cannot say yet).")
-        self.kv_pressure = counter("kv_pressure", "SGLang's KV-pressure signals while serving (not crashes), by source.", ["source"])
-        self.climbs = counter("climbs", "Climbs to a higher fraction ([policy] climb), and their fall-backs.", ["outcome"])
+        self.link_up = f.gauge("link_up", "1 while the link answers, 0 during an outage (NaN = not configured, or not answered or failed yet).", ["link"])
+        self.link_outages = f.counter("link_outages", "Outages of a link (each one however often it was retried).", ["link"])
 
+    def _declare_memory_model(self, f: _Families) -> None:
+        """The memory model (docs/capacity.md): the recommended fraction, KV pressure, climbs."""
+        self.recommended = f.gauge("recommended_fraction", "The memory model's highest stable fraction, f* (NaN = it cannot say yet).")
+        self.predicted_kv_tokens = f.gauge("predicted_kv_tokens", "KV tokens the memory model predicts at f* (NaN = it cannot say yet).")
+        self.kv_pressure = f.counter("kv_pressure", "SGLang's KV-pressure signals while serving (not crashes), by source.", ["source"])
+        self.climbs = f.counter("climbs", "Climbs to a higher fraction ([policy] climb), and their fall-backs.", ["outcome"])
+
+    def _preset(self) -> None:
+        """Every bounded label value at 0 (so ``increase()`` works from the first one), and
+        what is not known yet as NaN."""
         for metric, label_values in (
             (self.state, [s.value for s in State]),
             (self.crashes, [c.value for c in Cause]),
@@ -295,9 +315,6 @@ class Metrics:
             unknown.set(NAN)
         for link in LINKS:
             self.link_up.labels(link).set(NAN)
-        self._set_ladder(fraction_ladder)
-        self.headroom_min.set(_gauge_value(headroom_min_gb, GIB))
-        self._set_state(State.STOPPED)
 
     # -- EventSink ---------------------------------------------------------------------
 
@@ -363,6 +380,12 @@ class Metrics:
                 self.gpu_probe_errors.inc()
             case ProbeAnswered():
                 self._probe(event)
+            case _:
+                self._dispatch_links(event)
+
+    def _dispatch_links(self, event: Event) -> None:
+        """The events of the daemon's links: SGLang's router, a group's etcd, the fleet, MQTT."""
+        match event:
             case RouterRegistered():
                 self.router_registered.set(1)
                 self._link("router", up=True)  # the router answered (a first answer is no link_up)
@@ -533,83 +556,3 @@ class Metrics:
 
 def _alert_kind(value: object) -> str:
     return value if isinstance(value, str) and value in ALERT_KIND_LABELS else "other"
-
-
-
-
-# -- the endpoint ------------------------------------------------------------------------
-
-
-class ServerLabels:
-    """One exposition of several servers' metrics: each server's ``Metrics`` keeps its own
-    registry, and this collector serves them all with a ``server`` label on every sample
-    (one family per metric name, as the text format wants). A daemon with one ``[server]``
-    serves it the same way, so the dashboard's row per server works for one and for many.
-    """
-
-    def __init__(self, registries: Mapping[str, CollectorRegistry]) -> None:
-        self._registries = dict(registries)
-
-    def describe(self) -> list[Metric]:
-        return []  # no fixed set: the families are read at each scrape
-
-    def collect(self) -> Iterable[Metric]:
-        merged: dict[str, Metric] = {}
-        for server, registry in self._registries.items():
-            for family in registry.collect():
-                out = merged.get(family.name)
-                if out is None:
-                    out = merged[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
-                out.samples.extend(
-                    sample._replace(labels={**sample.labels, "server": server}) for sample in family.samples
-                )
-        return list(merged.values())
-
-
-def labelled_registry(registries: Mapping[str, CollectorRegistry]) -> CollectorRegistry:
-    """The registry to serve: every server's metrics under a ``server`` label."""
-    exported = CollectorRegistry(auto_describe=False)
-    exported.register(ServerLabels(registries))
-    return exported
-
-
-@dataclass(slots=True)
-class MetricsServer:
-    """A running metrics endpoint; ``port`` is the bound one (useful with port 0)."""
-
-    host: str
-    port: int
-    _server: WSGIServer
-    _thread: threading.Thread
-
-    @property
-    def url(self) -> str:
-        return f"http://{url_host(self.host)}:{self.port}/metrics"  # where it listens, a wildcard too
-
-    async def close(self) -> None:
-        """Stop serving and join the server thread (off the event loop)."""
-        await asyncio.to_thread(self._shutdown)
-
-    def _shutdown(self) -> None:
-        self._server.shutdown()  # waits for serve_forever's poll loop (<= 0.5 s)
-        self._server.server_close()
-        self._thread.join(timeout=10.0)
-
-
-def parse_listen(listen: str) -> tuple[str, int]:
-    """``"HOST:PORT"`` (``"[::1]:PORT"`` for IPv6) as (host, port); MetricsError if bad."""
-    host, sep, port = listen.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise MetricsError(f"metrics.listen = {listen!r}: expected HOST:PORT, e.g. 127.0.0.1:9188")
-    return host, int(port)
-
-
-async def start_metrics_server(listen: str, registry: CollectorRegistry) -> MetricsServer:
-    """Serve ``registry`` on exactly ``listen`` in a thread of its own; MetricsError if not."""
-    host, port = parse_listen(listen)
-    try:
-        server, thread = await asyncio.to_thread(start_http_server, port, host, registry)
-    except (OSError, ValueError) as exc:  # taken port, unknown host, bad address
-        raise MetricsError(f"cannot serve metrics on {listen}: {exc}") from exc
-    return MetricsServer(host, int(server.server_address[1]), server, thread)
