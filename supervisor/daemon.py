@@ -93,7 +93,7 @@ EXIT_DAEMON_FAILED = 1
 # the process ends at once with this code (systemd sees a failed stop, not a hung one).
 EXIT_SHUTDOWN_OVERDUE = 3
 # A shutdown may take each server's drain (router removal, then stop_grace_s) plus this:
-# the SIGKILL and reaping, the last alerts (MqttAlerter.aclose: 5 s), etcd's lease revoked.
+# the SIGKILL and reaping, the last alerts (MqttTransport.aclose: 5 s), etcd's lease revoked.
 SHUTDOWN_MARGIN_S = 15.0
 # Past the deadline the retained `offline` gets this long; a loop too blocked to run the
 # deadline at all is ended by faulthandler (every thread's stack, exit 1) this much later.
