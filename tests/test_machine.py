@@ -1,5 +1,5 @@
 """Unit tests of the state machine (issue 2): one test per ``# FROM -> TO`` edge of
-``supervisor/core/machine.py``, the seed's night, and a property test over random events.
+``supervisor/core/machine/``, the seed's night, and a property test over random events.
 
 Pure: no event loop, no sleeps, no processes. Time is a number the test advances; jitter
 comes from ``random.Random(0)``.

@@ -72,7 +72,7 @@ class Drill(Event):
     severity = "info"
 
 
-# alert kind -> severity: each alerting event class says its own (supervisor/core/events.py)
+# alert kind -> severity: each alerting event class says its own (supervisor/core/events/)
 _ALERTING: tuple[type[Event], ...] = (*EVENTS.values(), Drill)
 SEVERITY: dict[str, str] = {cls.alert: cls.severity for cls in _ALERTING if cls.alert}
 
