@@ -326,10 +326,11 @@ def test_a_retraction_that_retracted_nothing_is_no_pressure_and_the_source_is_na
     from supervisor.unit.life import ServerLife
 
     posted: list[Any] = []
-    life = SimpleNamespace(_spotted_at=-1e9, _post=posted.append)
-    ServerLife._on_spotted(life, "[TP0] Testing retraction. #retracted_reqs: 0, #new_tokens_gained: 0")  # type: ignore[arg-type]
+    life = SimpleNamespace(_post=posted.append)
+    run = SimpleNamespace(spotted_at=-1e9)  # the launch's record (LaunchLife)
+    ServerLife._on_spotted(life, run, "[TP0] Testing retraction. #retracted_reqs: 0, #new_tokens_gained: 0")  # type: ignore[arg-type]
     assert posted == []
-    ServerLife._on_spotted(life, "[TP0] retract_decode: aborted last request 5f due to OOM")  # type: ignore[arg-type]
+    ServerLife._on_spotted(life, run, "[TP0] retract_decode: aborted last request 5f due to OOM")  # type: ignore[arg-type]
     assert [p.source for p in posted] == ["refused"]
 
 
@@ -430,7 +431,7 @@ def test_the_least_free_memory_of_each_gpu_goes_to_the_core_when_it_falls_by_a_s
     from supervisor.core.messages import GpuFree
     from supervisor.unit.life import GIB, ServerLife
 
-    life = SimpleNamespace(nonce="launch-1", _least_free=(), _least_free_of=None)
+    life = SimpleNamespace(run=SimpleNamespace(least_free=()))  # the launch's record (LaunchLife)
 
     def sample(*free_gb: float) -> GpuSample:
         return GpuSample(gpus=tuple({"index": i, "free_bytes": int(f * GIB)} for i, f in enumerate(free_gb)))
@@ -439,5 +440,5 @@ def test_the_least_free_memory_of_each_gpu_goes_to_the_core_when_it_falls_by_a_s
     assert least(life, sample(10.0, 9.0)) == GpuFree((10.0, 9.0))  # type: ignore[arg-type]
     assert least(life, sample(10.0, 8.99)) is None  # type: ignore[arg-type]  # less than a step lower
     assert least(life, sample(11.0, 8.5)) == GpuFree((10.0, 8.5))  # type: ignore[arg-type]  # least, per GPU
-    life.nonce = "launch-2"  # a new launch starts afresh
+    life.run = SimpleNamespace(least_free=())  # a new launch, a new record: it starts afresh
     assert least(life, sample(12.0, 12.0)) == GpuFree((12.0, 12.0))  # type: ignore[arg-type]
