@@ -140,7 +140,7 @@ class Daemon:
         self._failure: _TaskFailed | None = None  # the first background task that failed
         self._closing = False
         self._rolling: asyncio.Task[PassEnd] | None = None
-        self._handing_over = asyncio.Lock()  # one inherited server replaced at a time (hand_over)
+        self._handing_over = asyncio.Lock()  # one inherited server replaced at a time (each unit's HandOver)
         self._followers: set[asyncio.Queue[dict[str, Any]]] = set()  # `restart`s waiting for the pass
         self._reaper: ReaperHandle | None = None
         self._deadline: asyncio.TimerHandle | None = None  # the shutdown's, armed by the first stop request
