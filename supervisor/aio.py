@@ -90,8 +90,8 @@ class TaskScope:
     """A task group that owns a lifetime: the daemon's, a server unit's, one launch's.
 
     Every task of the package's shell is started in one (``spawn``); a lifetime inside another
-    is a ``child`` scope, ended with it. ``cancel`` ends a scope's tasks and its children's at
-    once; ``aclose`` also waits for them, and the scope takes no more. So a launch's probes
+    is a ``child`` scope, ended with it. ``aclose`` cancels a scope's tasks and its children's,
+    waits for them, and the scope takes no more. So a launch's probes
     and watcher die with the launch, and a unit's tasks with the unit, without anyone keeping
     a list of them.
 
@@ -135,10 +135,6 @@ class TaskScope:
     def tasks(self) -> list[asyncio.Task[Any]]:
         """This scope's tasks and its children's, still running or not yet reaped."""
         return [*self._tasks, *(t for c in self._children for t in c.tasks())]
-
-    def cancel(self) -> None:
-        for task in self.tasks():
-            task.cancel()
 
     async def aclose(self, timeout_s: float | None = None) -> set[asyncio.Future[Any]]:
         """Cancel every task of the scope (and its children's), wait for them (at most

@@ -77,7 +77,7 @@ def restart_requested(core: Core, ctx: Ctx, v: Variant, reason: str) -> Step:
         return core, [_queued(job), Emit(ev.JobDone(job=job.id, job_type=job.kind, detail=f"merged into {merged}"))]
     if s in (State.STOPPING, State.STOPPED):
         return core, [_queued(job), Emit(ev.JobCancelled(job=job.id, job_type=job.kind, by="the server is stopping"))]
-    return advance(replace(core, queued=job), [_queued(job)])
+    return replace(core, queued=job), [_queued(job)]  # ``step`` runs it (``advance``) if it can run now
 
 
 def advance(core: Core, actions: list[Action]) -> Step:
