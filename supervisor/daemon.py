@@ -47,6 +47,7 @@ from supervisor.core import events as ev
 from supervisor.core.config import Config, ConfigError, alert_instance, server_configs, unit_name
 from supervisor.core.group import restart_refusal
 from supervisor.core.messages import Boot, Event
+from supervisor.services import maintenance
 from supervisor.services.rolling import PassEnd, another_serves, roll
 from supervisor.unit import ServerUnit, wall_now
 from supervisor.unit.handover import HandOver
@@ -145,6 +146,7 @@ class Daemon:
         self._reaper: ReaperHandle | None = None
         self._deadline: asyncio.TimerHandle | None = None  # the shutdown's, armed by the first stop request
         self._stop_requested_at: float | None = None
+        self._warmed = False  # the diagnosis's tables loaded (``warm_diagnosis``)
         self.units = [self._unit(u) for u in server_configs(cfg)]
 
     def _unit(self, cfg: Config) -> ServerUnit:
@@ -247,6 +249,17 @@ class Daemon:
                 return True
         return False
 
+    def warm_diagnosis(self) -> None:
+        """At the first READY, the diagnosis's tables (its rules, the catalogue's word index)
+        are loaded in a thread: a first crash then reads its log as fast as the next one,
+        and the daemon's memory is its serving size from there on."""
+        if self._warmed:
+            return
+        self._warmed = True
+        from supervisor.core.diagnosis import warm
+
+        self.spawn(asyncio.to_thread(warm), "warm-diagnosis")
+
     def notify_status(self) -> None:
         self.p.notifier.status(" | ".join(u.status_text() for u in self.units))
 
@@ -304,6 +317,12 @@ class Daemon:
         if not units:
             known = ", ".join(u.name for u in self.units)
             return {"ok": False, "error": f"no server {(server or '')[:64]!r} (known: {known})"}
+        held = [u for u in units if u.core is not None and u.core.held is not None]
+        if server is not None and held:
+            return {"ok": False, "error": f"{server} is stopped by an operator: 'start --server {server}' launches it"}
+        units = [u for u in units if u not in held]  # a pass over all leaves the held ones stopped
+        if not units:
+            return {"ok": False, "error": "every server is stopped by an operator: 'start' launches them"}
         before = [{"name": u.name, "state": str(u.core.state) if u.core else None,
                    "attempt": u.core.attempt if u.core else None} for u in units]
         self._rolling = self.spawn(roll(units, self.units, reason, self.emit), "rolling-restart")
@@ -318,6 +337,8 @@ class Daemon:
             self.log.warning("control_unavailable", error=str(exc))
 
     def _on_control(self, request: Mapping[str, Any]) -> dict[str, Any] | ControlReply:
+        if request.get("cmd") in (maintenance.STOP, maintenance.START):
+            return self._maintenance(request)
         if request.get("cmd") == "restart":
             server = request.get("server")
             reason = str(request.get("reason") or "requested over the control socket")[:200]
@@ -332,6 +353,29 @@ class Daemon:
                 return ControlReply(answer, _until_done(queue), lambda: self._followers.discard(queue))
             return answer
         return {"ok": False, "error": f"unknown command {str(request.get('cmd'))[:40]!r}"}
+
+    def _maintenance(self, request: Mapping[str, Any]) -> dict[str, Any] | ControlReply:
+        """``stop --server`` / ``start --server``: a hold, or its end, asked of each server named
+        (all of them when none is); with ``wait``, each state they pass, then how it ended."""
+        cmd, server = str(request.get("cmd")), request.get("server")
+        reason = str(request.get("reason") or f"{cmd} requested over the control socket")[:200]
+        refused = restart_refusal(self.cfg)
+        if refused is not None:
+            return {"ok": False, "error": refused.replace("cannot restart alone", f"cannot {cmd} alone")}
+        units = self.units if server is None else [u for u in self.units if u.name == server]
+        if not units:
+            known = ", ".join(u.name for u in self.units)
+            return {"ok": False, "error": f"no server {str(server)[:64]!r} (known: {known})"}
+        refused = maintenance.refusal(cmd, units)
+        if refused is not None:
+            return {"ok": False, "error": refused}
+        if self._rolling is not None and not self._rolling.done():
+            self._rolling.cancel()  # an operator's stop or start supersedes a rolling pass
+        before = maintenance.ask(cmd, units, reason)
+        answer = {"ok": True, "servers": before}
+        if request.get("wait") is not True:
+            return answer
+        return ControlReply(answer, maintenance.follow(cmd, units, before), lambda: None)
 
     def _pass_ended(self, task: asyncio.Task[PassEnd], names: Sequence[str]) -> dict[str, Any]:
         """The last line for a ``restart`` that waits: how the pass ended, each server's state."""

@@ -48,6 +48,7 @@ from supervisor.core.messages import (
     FleetShared,
     GpuLost,
     GroupReport,
+    HoldRequested,
     Launch,
     Persist,
     Prepare,
@@ -56,6 +57,7 @@ from supervisor.core.messages import (
     RouterAdd,
     RouterRemove,
     SetTimer,
+    StartRequested,
     StopRequested,
     StopServer,
     TimerFired,
@@ -89,6 +91,8 @@ class Host(Protocol):
     def notify_status(self) -> None: ...
 
     async def others_serving(self, unit: ServerUnit) -> bool: ...
+
+    def warm_diagnosis(self) -> None: ...
 
 
 class ServerUnit:
@@ -129,6 +133,7 @@ class ServerUnit:
         self._followers: list[Callable[[Core], None]] = [
             lambda _core: self.host.notify_status(),
             lambda core: self.life.mark_ready() if core.state is State.READY else None,
+            lambda core: self.host.warm_diagnosis() if core.state is State.READY else None,
         ]
         self._gpu_monitor: Monitor | None = None
         self._router: RouterSync | None = None  # SGLang's router's view of the server ([router])
@@ -307,6 +312,14 @@ class ServerUnit:
         self.emit(ev.RestartRequested(reason=reason))
         self.post(RestartRequested(reason))
 
+    def request_hold(self, reason: str) -> None:
+        """An operator's ``stop --server``: drained, stopped and kept stopped (the core's hold job)."""
+        self.post(HoldRequested(reason))
+
+    def request_start(self, reason: str) -> None:
+        """An operator's ``start --server``: a held or given-up server launched again."""
+        self.post(StartRequested(reason))
+
     def reload(self, cfg: Config) -> None:
         """A new config (SIGHUP, already validated): the core applies it at the next launch."""
         self.cfg = cfg
@@ -319,7 +332,7 @@ class ServerUnit:
         """The state file is read; then this server's GPU monitor, router, group and fleet
         sync, each a task of the unit's; then its preparation, which knows the hand-over."""
         loaded = self.state_file.load(self.cfg)
-        self.core = Core.initial(loaded.learned)
+        self.core = Core.initial(loaded.learned, held=loaded.held, gave_up=loaded.gave_up)
         self._step_taken()
         cfg, p = self.cfg, self.p
         if cfg.gpu.backend != "none":

@@ -747,12 +747,11 @@ class Night:
             s = [x for x in self.watch.samples if x["pid"] == d.proc.pid]
             if not s:
                 continue
-            # the first crash diagnosed loads the message catalogue (supervisor/core/diagnosis/catalogue.py,
-            # ~60 MB, once): "warm" is the first sample 10 s after it, or (no crash) 10 s after
-            # the daemon's first server was READY
+            # the daemon's first READY loads the diagnosis's tables in a thread (its rules, the
+            # catalogue's word index: ~2.5 MB, once; Daemon.warm_diagnosis): "warm" is the
+            # first sample 10 s after it
             events = read_events(d.log_path)
-            marks = [float(e["mono"]) for e in events if e.get("event") == "crash"][:1] or \
-                [float(e["mono"]) for e in events if e.get("event") == "server_ready"][:1]
+            marks = [float(e["mono"]) for e in events if e.get("event") == "server_ready"][:1]
             warm = next((x for x in s if marks and x["t"] >= marks[0] + 10.0), None)
             incarnations.append({"pid": d.proc.pid, "first": s[0], "warm": warm, "last": s[-1], "samples": len(s),
                                  "rss_mb_every_30s": [round(x["rss_kb"] / 1024, 1) for x in s[::30]]})

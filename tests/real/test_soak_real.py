@@ -65,7 +65,7 @@ def test_a_compressed_real_night_loses_no_request_outside_a_hang(
     assert results["leftovers"] == []
     if results["foreign"]["started"]:
         assert results["foreign"]["untouched"], results["foreign"]
-    # from the daemon's warm sample (after its first crash loaded the message catalogue, once)
+    # from the daemon's warm sample (10 s after its first READY loaded the diagnosis's tables, once)
     pct = results["daemon"]["rss_warm_change_pct"]
     assert pct is not None and abs(pct) <= 5.0, results["daemon"]
     assert results["report"]["rc"] == 0, results["report"]

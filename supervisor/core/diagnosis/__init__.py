@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from supervisor.core.diagnosis.action import describe_action
-    from supervisor.core.diagnosis.crash import diagnose
+    from supervisor.core.diagnosis.crash import diagnose, warm
     from supervisor.core.diagnosis.families import FAMILIES, FRAME_READINGS
     from supervisor.core.diagnosis.kernel import kernel_oom_line, read_oom_kill_count
     from supervisor.core.diagnosis.limits import (
@@ -88,6 +88,7 @@ if TYPE_CHECKING:
 _HOMES = {
     "describe_action": "action",
     "diagnose": "crash",
+    "warm": "crash",
     "FAMILIES": "families",
     "FRAME_READINGS": "families",
     "kernel_oom_line": "kernel",
@@ -121,6 +122,7 @@ __all__ = [
     "read_line",
     "read_oom_kill_count",
     "tail_text",
+    "warm",
 ]
 
 

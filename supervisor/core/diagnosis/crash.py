@@ -166,3 +166,24 @@ def diagnose(
             certain=False,
             phase_source="daemon" if isinstance(phase, Phase) else "unknown",
         )
+
+
+# A crash of every shape the reading takes (a traceback, a frame, an error the catalogue and
+# the rules both know): read once by ``warm``, so that each of their tables is built then.
+_WARM_LOG = """\
+[2026-01-01 00:00:00] The server is fired up and ready to roll!
+Traceback (most recent call last):
+  File "/usr/lib/python3/site-packages/sglang/srt/managers/scheduler.py", line 1, in event_loop_normal
+    result = self.run_batch(batch)
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.32 GiB
+"""
+
+
+def warm() -> None:
+    """Load what a first diagnosis would (the rules, the catalogue's word index, the module
+    table), off the crash path: the daemon calls it in a thread once a server is READY."""
+    from supervisor.core.diagnosis.catalogue import catalogue, modules
+
+    catalogue()
+    modules()
+    diagnose(_WARM_LOG, phase=Phase.SERVING)
