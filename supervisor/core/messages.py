@@ -114,6 +114,23 @@ class GpuLost:
 
 @dataclass(frozen=True, slots=True)
 class StopRequested:
+    """The daemon is stopping: the server is stopped for good and the unit ends."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class HoldRequested:
+    """An operator's ``stop --server``: out of the router, drained, stopped and kept stopped
+    (across daemon restarts too) while the daemon stays up; no crash is counted."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StartRequested:
+    """An operator's ``start --server``: a held server is prepared and launched again."""
+
     reason: str
 
 

@@ -130,6 +130,8 @@ class JobKind(enum.StrEnum):
     RECOVER = "recover"  # a hang or a start that never ends: stopped, then a crash's backoff
     REGROUP = "regroup"  # [group]: the group's generation ended: stopped, then wait for the next
     STOP = "stop"  # the daemon stops the server for good
+    HOLD = "hold"  # an operator's ``stop --server``: stopped and kept stopped, the daemon stays up
+    START = "start"  # an operator's ``start --server``: a held server prepared and launched again
 
     @property
     def immediate(self) -> bool:

@@ -48,11 +48,16 @@ class CrashRecord:
     evidence: str
     location: str | None
     attempt: int
+    # A relaunch the daemon made on purpose (an operator's restart, a climb, a step-down for
+    # headroom): kept in the history, never counted as a crash.
+    planned: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form in state.json: enums as their string values."""
         d = dataclasses.asdict(self)
         d.update(cause=str(self.cause), remedy=str(self.remedy), phase=str(self.phase))
+        if not self.planned:
+            del d["planned"]  # a crash's line is as it always was
         return d
 
     @classmethod
@@ -65,7 +70,8 @@ class CrashRecord:
             "remedy": _member(Remedy, d["remedy"], Remedy.RESTART),
             "phase": _member(Phase, d["phase"], Phase.STARTING),
         }
-        return cls(**{**d, **typed})
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{**{k: v for k, v in d.items() if k in known}, **typed})
 
 
 _E = TypeVar("_E", Cause, Remedy, Phase)
@@ -201,6 +207,49 @@ class Learned:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """An operator's ``stop --server``: why and since when (RFC 3339) the server is kept
+    stopped, until ``start``. Persisted: a daemon restart keeps it stopped."""
+
+    reason: str
+    since: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: object) -> Hold | None:
+        if not isinstance(d, dict) or not isinstance(d.get("reason"), str):
+            return None
+        return cls(d["reason"], str(d.get("since", "")))
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUpNote:
+    """Why the server was given up, kept in the state file until it serves again: what
+    ``status`` shows after any later stop (the state then says only STOPPED)."""
+
+    wall_time: str
+    reason: str
+    cause: str | None
+    evidence: str
+    command: tuple[str, ...]  # the last launch's argv (empty: none ran)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["command"] = list(self.command)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: object) -> GiveUpNote | None:
+        if not isinstance(d, dict) or not isinstance(d.get("reason"), str):
+            return None
+        cause = d.get("cause")
+        return cls(str(d.get("wall_time", "")), d["reason"], cause if isinstance(cause, str) else None,
+                   str(d.get("evidence", "")), tuple(str(a) for a in d.get("command") or ()))
+
+
 # --- the machine's state ------------------------------------------------------------------
 
 
@@ -219,6 +268,7 @@ class Run:
     part_died: str = ""  # "sglang::scheduler (pid 12)": a process of the tree that died first
     recommendation_told: bool = False  # the recommendation went out since the launch
     kv_queue: int | None = None  # SGLang's queue at the last /metrics reading
+    argv: tuple[str, ...] = ()  # what was launched
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,10 +308,14 @@ class Core:
     # the higher one is on probation (its target is the CLIMB job's).
     climb_at: float | None = None
     climb_from: float | None = None
+    # Persisted beside ``learned`` (the state file): an operator's hold, and the last give-up
+    # (until the server serves again).
+    held: Hold | None = None
+    gave_up: GiveUpNote | None = None
 
     @classmethod
-    def initial(cls, learned: Learned) -> Core:
-        return cls(State.STOPPED, learned)
+    def initial(cls, learned: Learned, *, held: Hold | None = None, gave_up: GiveUpNote | None = None) -> Core:
+        return cls(State.STOPPED, learned, held=held, gave_up=gave_up)
 
     @property
     def pid(self) -> int | None:

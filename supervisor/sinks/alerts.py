@@ -52,6 +52,8 @@ from supervisor.core.events import (
     Recovered,
     RestartScheduled,
     ServerDown,
+    ServerHeld,
+    ServerReleased,
     StateChanged,
 )
 from supervisor.core.model import Cause, rfc3339
@@ -314,6 +316,16 @@ def _climb_fell_back(e: ClimbFellBack, who: str) -> Said:
                 cause=e.cause)
 
 
+def _held(e: ServerHeld, who: str) -> Said:
+    when = "is still stopped (the daemon restarted)" if e.at_boot else "was stopped"
+    return Said(f"{who} {when} by an operator for maintenance since {e.since}: {e.reason}; "
+                "no crash, nothing to do until 'sglang-supervisor start'")
+
+
+def _released(e: ServerReleased, who: str) -> Said:
+    return Said(f"{who} is being started again by an operator (held since {e.held_since}): {e.reason}")
+
+
 def said(event: object, *, host: str, instance: str) -> Said | None:
     """What the alert of ``event`` says, by its class (one wording per alert kind); None when
     it is no alert."""
@@ -345,6 +357,10 @@ def said(event: object, *, host: str, instance: str) -> Said | None:
             return _climb(event, who)
         case ClimbFellBack():
             return _climb_fell_back(event, who)
+        case ServerHeld():
+            return _held(event, who)
+        case ServerReleased():
+            return _released(event, who)
         case Drill():
             return Said(f"Drill from {who}: the alert path works; no action needed")
         case _:

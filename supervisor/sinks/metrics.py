@@ -73,8 +73,10 @@ from supervisor.core.events import (
     RouterRegistered,
     RouterRemoved,
     ServerDown,
+    ServerHeld,
     ServerLaunched,
     ServerReady,
+    ServerReleased,
     ServerStopped,
     StartupFactsEvent,
     StateChanged,
@@ -104,6 +106,8 @@ COUNTED: tuple[type[Event], ...] = (
     GpuMemoryStuck,
     GpuLowFree,
     ServerStopped,
+    ServerHeld,
+    ServerReleased,
     ConfigReloaded,
     ServerDown,
     PortInUse,
@@ -210,6 +214,7 @@ class Metrics:
         self.server_up = f.gauge("server_up", "1 when the SGLang server is READY and its last health probe passed, else 0.")
         self.state = f.gauge("state", "The supervisor state: 1 for the current one, 0 for the others.", ["state"])
         self.gave_up = f.gauge("gave_up", "1 when the supervisor gave up restarting the server and waits for a human.")
+        self.held = f.gauge("held", "1 while an operator's 'stop' keeps the server stopped (maintenance), until 'start'.")
         self.launches = f.counter("launches", "Server launches (the first one and every restart).")
         # Crashes and restarts.
         self.crashes = f.counter("crashes", "Server crashes by diagnosed cause.", ["cause"])
@@ -359,6 +364,10 @@ class Metrics:
                 self.backoff_delay.set(delay_s)
             case GaveUp():
                 self.gave_up.set(1)
+            case ServerHeld():
+                self.held.set(1)
+            case ServerReleased():
+                self.held.set(0)
             case Recommended(fraction=fraction, kv_tokens_at=tokens):
                 self.recommended.set(NAN if fraction is None else fraction)
                 self.predicted_kv_tokens.set(NAN if fraction is None or tokens is None else tokens)

@@ -317,3 +317,27 @@ class ServerStopped(Event):
     reason: str
     exit_code: int | None
     signal: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerHeld(Event):
+    """An operator's ``stop --server``: the server is stopped and kept stopped (also after a
+    daemon restart: ``at_boot``) until ``start``; the daemon stays up."""
+
+    kind = "server_held"
+    alert = "server_held"
+    severity = "info"
+    reason: str
+    since: str  # RFC 3339: when the hold began
+    at_boot: bool = False  # a daemon that started found the server held
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerReleased(Event):
+    """An operator's ``start --server``: a held server is launched again."""
+
+    kind = "server_released"
+    alert = "server_released"
+    severity = "info"
+    reason: str
+    held_since: str

@@ -20,13 +20,13 @@ from supervisor.core.state import FLEET_PENDING_LIMIT, HISTORY_LIMIT, Core, Cras
 
 
 def crash_record(core: Core, ctx: Ctx, diagnosis: Diagnosis, exit_text: str,
-                 next_fraction: float | None) -> CrashRecord:
+                 next_fraction: float | None, *, planned: bool = False) -> CrashRecord:
     """The crash as the state file's history keeps it (``core``: as the server died)."""
     return CrashRecord(
         wall_time=ctx.wall_time, cause=diagnosis.cause, remedy=diagnosis.remedy, phase=diagnosis.phase,
         exit=exit_text, fraction=core.learned.fraction, next_fraction=next_fraction,
         evidence=(diagnosis.evidence[0] if diagnosis.evidence else "")[:300], location=diagnosis.location,
-        attempt=core.attempt,
+        attempt=core.attempt, planned=planned,
     )
 
 
@@ -120,7 +120,7 @@ def after_end(core: Core, ctx: Ctx, *, diagnosis: Diagnosis, status: ExitStatus 
     decision = _decide(core, ctx, diagnosis, crashes=len(crash_times), failures=failures, immediate=immediate)
     core, decision, fell_back = _climb_rules(core, ctx, diagnosis, decision, job)
     record = crash_record(core, ctx, diagnosis, status.describe() if status else "stopped by the supervisor",
-                          None if decision.give_up else decision.fraction)
+                          None if decision.give_up else decision.fraction, planned=immediate)
     crashed = [] if immediate else [Emit(crash_event(core, diagnosis, status, decision=decision, failures=failures,
                                                      log_diagnosis=log_diagnosis))]
     ran_out = diagnosis.remedy is Remedy.FRACTION_DOWN and core.learned.fraction is not None
@@ -129,7 +129,7 @@ def after_end(core: Core, ctx: Ctx, *, diagnosis: Diagnosis, status: ExitStatus 
                    run=replace(core.run, pid=None))
     told: list[Action] = [*crashed, *(share(core, ctx) if ran_out else []), *fell_back]
     if decision.give_up:
-        new, actions = give_up(core, decision.reason, diagnosis.cause)
+        new, actions = give_up(core, ctx, decision.reason, diagnosis.cause, evidence=record.evidence)
         return new, [*told, *actions]
     scheduled = Emit(ev.RestartScheduled(
         delay_s=round(decision.delay_s, 3), cause=diagnosis.cause, mem_fraction_static=decision.fraction,

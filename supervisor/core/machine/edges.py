@@ -24,7 +24,7 @@ from supervisor.core.messages import (
     StopServer,
 )
 from supervisor.core.model import Cause, State
-from supervisor.core.state import Core, Run, Timer
+from supervisor.core.state import Core, GiveUpNote, Run, Timer
 
 Step = tuple[Core, list[Action]]
 
@@ -69,11 +69,12 @@ def transition(core: Core, to: State, reason: str, **changes: Any) -> Step:
 def launch(core: Core, ctx: Ctx, reason: str) -> Step:
     # PREPARING -> STARTING: a new launch is a new ``Run``
     fraction, hicache = core.learned.fraction, core.learned.hicache_size_gb
-    run = Run(attempt=core.run.attempt + 1, launched_at=ctx.now)
+    argv = build_argv(ctx.cfg, fraction, hicache)
+    run = Run(attempt=core.run.attempt + 1, launched_at=ctx.now, argv=tuple(argv))
     new, actions = transition(core, State.STARTING, reason, run=run)
     health = ctx.cfg.health
     return new, [
-        Launch(build_argv(ctx.cfg, fraction, hicache), fraction, hicache, run.attempt,
+        Launch(argv, fraction, hicache, run.attempt,
                policy.rung_of(fraction, ctx.cfg.policy.fraction_ladder)),
         *actions,
         SetTimer(Timer.STARTUP, health.startup_timeout_s),
@@ -92,11 +93,14 @@ def prepare(core: Core, reason: str) -> Step:
     return new, [*actions, Prepare()]
 
 
-def give_up(core: Core, reason: str, cause: Cause | None, *, keep_pid: bool = False) -> Step:
+def give_up(core: Core, ctx: Ctx, reason: str, cause: Cause | None, *, evidence: str = "",
+            keep_pid: bool = False) -> Step:
     # * -> GAVE_UP (``keep_pid``: a server still runs and is being stopped; a stop request
-    # then waits for its exit, GAVE_UP -> STOPPING)
+    # then waits for its exit, GAVE_UP -> STOPPING). Why is kept (``Core.gave_up``) until it
+    # serves again, whatever state follows.
     run = core.run if keep_pid else replace(core.run, pid=None)
-    new, actions = transition(core, State.GAVE_UP, reason, run=run)
+    note = GiveUpNote(ctx.wall_time, reason, None if cause is None else str(cause), evidence[:300], core.run.argv)
+    new, actions = transition(core, State.GAVE_UP, reason, run=run, gave_up=note)
     return new, [
         *cancel_run_timers(),
         *actions,

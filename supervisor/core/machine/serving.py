@@ -57,7 +57,7 @@ def starting(core: Core, event: Event, ctx: Ctx, v: Variant) -> Step | None:
             return replace(core, run=replace(core.run, pid=pid)), [Persist()]
         case LaunchFailed(error=error):
             # STARTING -> GAVE_UP: the command itself cannot be run
-            return give_up(core, f"cannot start the server: {error}", Cause.CONFIG_ERROR)
+            return give_up(core, ctx, f"cannot start the server: {error}", Cause.CONFIG_ERROR, evidence=error)
         case TimerFired(name=Timer.PROBE):
             return core, [Probe()]  # the next poll is set when this one answers
         case ProbeResult(ok=True):
@@ -148,7 +148,7 @@ def _ready(core: Core, ctx: Ctx, v: Variant) -> Step:
     # STARTING -> READY
     run = core.run
     startup_s = ctx.now - (ctx.now if run.launched_at is None else run.launched_at)
-    new, actions = transition(core, State.READY, "health probe answered 200", recovering_from=None,
+    new, actions = transition(core, State.READY, "health probe answered 200", recovering_from=None, gave_up=None,
                               run=replace(run, ready_at=ctx.now, probe_failures=0, kv_queue=None))
     ready = ev.ServerReady(startup_s=round(startup_s, 3), mem_fraction_static=core.learned.fraction,
                            hicache_size_gb=core.learned.hicache_size_gb, attempt=core.attempt)

@@ -38,20 +38,28 @@ from supervisor.core.messages import (
     GroupGaveUp,
     GroupLaunch,
     GroupReport,
+    HoldRequested,
     Persist,
     Prepared,
     PrepareFailed,
     RestartRequested,
     SetTimer,
+    StartRequested,
     StopRequested,
     TimerFired,
 )
 from supervisor.core.model import Cause, JobKind, State
-from supervisor.core.state import Core, Timer
+from supervisor.core.state import Core, Hold, Timer
 
 
 def stopped(core: Core, event: Event, ctx: Ctx, v: Variant) -> Step | None:
+    held = core.held
     match event:
+        case Boot() if held is not None:
+            # STOPPED -> STOPPED: an operator's hold outlives the daemon; nothing is launched
+            return core, [Persist(), Emit(ev.ServerHeld(reason=held.reason, since=held.since, at_boot=True))]
+        case StartRequested(reason=reason) if held is not None:
+            return _start(core, reason, held.since)
         case Boot() if v.group:
             # STOPPED -> WAITING: nothing is launched before the leader's decision
             return transition(core, State.WAITING, "waiting for the group's generation")
@@ -83,7 +91,7 @@ def preparing(core: Core, event: Event, ctx: Ctx, v: Variant) -> Step | None:
             cause, permanent = prepare_cause(failed)
             if permanent or not cause.restartable:
                 # PREPARING -> GAVE_UP
-                return give_up(core, f"{cause.summary}: {detail}", cause)
+                return give_up(core, ctx, f"{cause.summary}: {detail}", cause, evidence=detail)
             # PREPARING -> BACKOFF
             failures = core.failures + 1
             delay = policy.backoff_delay(failures, ctx.cfg.policy, ctx.rng.random())
@@ -138,15 +146,24 @@ def backoff(core: Core, event: Event, ctx: Ctx, v: Variant) -> Step | None:
 
 
 def stopping(core: Core, event: Event, ctx: Ctx, v: Variant) -> Step | None:
+    holding = core.job is not None and core.job.kind is JobKind.HOLD
     match event:
         case Diagnosed(status=status):
-            # STOPPING -> STOPPED
+            # STOPPING -> STOPPED: the daemon ends there, unless an operator's hold keeps it up
             new, actions = transition(core, State.STOPPED, core.reason, run=replace(core.run, pid=None))
             new, done = jobs.finish(new, "stopped")
-            return new, [*actions, *done, Emit(ev.ServerStopped(reason=core.reason, exit_code=status.code,
-                                                                signal=status.signal)), Exit(0)]
-        case StopRequested() | GpuLost() | GroupGaveUp():
-            return core, []  # already stopping for good
+            stopped = Emit(ev.ServerStopped(reason=core.reason, exit_code=status.code, signal=status.signal))
+            if holding and core.held is not None:
+                return new, [*actions, *done, stopped, Emit(ev.ServerHeld(reason=core.held.reason,
+                                                                          since=core.held.since))]
+            return new, [*actions, *done, stopped, Exit(0)]
+        case StopRequested(reason=reason) if holding:
+            # the daemon stops while a hold drains: the same stop, now for good (the hold is kept)
+            core, cancelled = jobs.cancel(core, by=f"stop: {reason}")
+            core, started = jobs.begin(core, JobKind.STOP, None, reason)
+            return core, [*cancelled, *started]
+        case StopRequested() | HoldRequested() | GpuLost() | GroupGaveUp():
+            return core, []  # already stopping
     return None
 
 
@@ -174,6 +191,10 @@ def anywhere(core: Core, event: Event, ctx: Ctx, v: Variant) -> Step | None:
             return replace(core, learned=replace(core.learned, fleet_pending=left)), [Persist()]
         case StopRequested(reason=reason):
             return _stop(core, ctx, v, reason)
+        case HoldRequested(reason=reason) if not v.group and core.held is None:  # a node cannot alone
+            return _hold(core, ctx, v, reason)
+        case StartRequested(reason=reason) if s is State.GAVE_UP and core.pid is None:
+            return _start(core, reason, "")
         case RestartRequested(reason=reason) if not v.group:  # group.restart_refusal: a node cannot alone
             return jobs.restart_requested(core, ctx, v, reason)
         case GpuLost(detail=detail) if s is not State.STOPPED:
@@ -205,12 +226,43 @@ def _stop(core: Core, ctx: Ctx, v: Variant, reason: str) -> Step:
     return new, [*cancelled, *started, CancelTimer(Timer.BACKOFF), *actions, *done, Exit(0)]
 
 
+def _hold(core: Core, ctx: Ctx, v: Variant, reason: str) -> Step:
+    """An operator's stop: the server is stopped (drained, out of the router first) and kept
+    stopped until ``start``; no crash is counted. A hold job, which cancels every other."""
+    s = core.state
+    core, cancelled = jobs.cancel(core, by=f"stop --server: {reason}")
+    core, started = jobs.begin(core, JobKind.HOLD, None, reason)
+    held = Hold(reason, ctx.wall_time)
+    core = replace(core, held=held)
+    why = f"stopped by an operator: {reason}"
+    if s in (State.STARTING, State.READY, State.RESTARTING) or (s is State.GAVE_UP and core.pid is not None):
+        # STARTING/READY/RESTARTING/GAVE_UP -> STOPPING (held)
+        new, actions = transition(core, State.STOPPING, why)
+        return new, [*cancelled, *started, *cancel_run_timers(), *actions,
+                     *stop_server(ctx, v, ctx.cfg.server.stop_grace_s, why)]
+    # WAITING/PREPARING/BACKOFF/EXITED/GAVE_UP/STOPPED -> STOPPED (held): no server to stop
+    new, actions = transition(core, State.STOPPED, why, run=replace(core.run, pid=None))
+    new, done = jobs.finish(new, "no server ran")
+    return new, [*cancelled, *started, CancelTimer(Timer.BACKOFF), *cancel_run_timers(), *actions, *done,
+                 Emit(ev.ServerHeld(reason=reason, since=held.since))]
+
+
+def _start(core: Core, reason: str, held_since: str) -> Step:
+    """An operator's start: a held (or given-up) server prepared at once, the crash budget
+    afresh. STOPPED/GAVE_UP -> PREPARING."""
+    core, started = jobs.begin(replace(core, held=None, crash_times=(), failures=0), JobKind.START, None, reason)
+    new, actions = prepare(core, f"started by an operator: {reason}")
+    new, done = jobs.finish(new, "prepared at once")
+    released = [Emit(ev.ServerReleased(reason=reason, held_since=held_since))] if held_since else []
+    return new, [*started, *released, *actions, *done]
+
+
 def _give_up_stopping(core: Core, ctx: Ctx, v: Variant, reason: str, cause: Cause | None, why: str) -> Step:
     # * -> GAVE_UP: a server may be up (or its launch in flight, pid not yet known): it is
     # stopped, its pid kept so that a stop request waits for its exit (GAVE_UP -> STOPPING)
     running = core.pid is not None or core.state is State.STARTING
     core, cancelled = jobs.cancel(core, by=why)
-    new, actions = give_up(core, reason, cause, keep_pid=True)
+    new, actions = give_up(core, ctx, reason, cause, keep_pid=True)
     stop = stop_server(ctx, v, ctx.cfg.server.stop_grace_s, why) if running else []
     return new, [*cancelled, *actions, *stop]
 
