@@ -41,7 +41,7 @@ from supervisor.core.backoff import exponential_backoff
 
 T = TypeVar("T")
 
-__all__ = ["Backoff", "Reconnect", "TaskScope", "cancel_and_wait", "settled", "within"]
+__all__ = ["Backoff", "Reconnect", "TaskScope", "cancel_and_wait", "first_of", "settled", "within"]
 
 
 async def within(aw: Awaitable[T], seconds: float | None) -> T:
@@ -156,6 +156,19 @@ class TaskScope:
             scope = scope._parent
         if scope is not None and scope._on_failure is not None:
             scope._on_failure(task)
+
+
+async def first_of(waits: dict[str, Coroutine[Any, Any, Any]], timeout_s: float | None = None) -> None:
+    """Until the first of ``waits`` (by name) ends, or ``timeout_s`` passes; the others are
+    cancelled: they live no longer than this call."""
+    if not waits:
+        return
+    scope = TaskScope("first-of", on_failure=lambda _task: None)
+    try:
+        await asyncio.wait([scope.spawn(c, name) for name, c in waits.items()], timeout=timeout_s,
+                           return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await scope.aclose()
 
 
 def where(task: asyncio.Task[Any]) -> str:

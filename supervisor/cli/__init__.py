@@ -4,6 +4,8 @@
     sglang-supervisor check-config --config F
     sglang-supervisor status --config F [--server NAME] [--json]       (cli/status.py)
     sglang-supervisor restart --config F [--server NAME] [--no-wait]   (cli/restart.py)
+    sglang-supervisor stop|start --config F [--server NAME] [--no-wait] (cli/maintenance.py)
+    sglang-supervisor logs --config F [--server NAME] [-n N] [-f] [--launch N]  (cli/logs.py)
     sglang-supervisor explain LOGFILE|- [--json] [--config F]          (cli/explain.py)
     sglang-supervisor preflight --config F [--json]                    (cli/preflight.py)
     sglang-supervisor drill --config F                                 (cli/drill.py)
@@ -106,12 +108,48 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(p)
 
     p = _command(
-        sub, "status", "state, fraction and crash history from the state directory",
-        f"sglang-supervisor status --config {CONFIG} --json",
+        sub, "status", "each server's state, pid, uptime, fraction and last cause; the exit code for monitors",
+        f"sglang-supervisor status --config {CONFIG} || echo \"not serving: $?\"",
+        "One line per server (name, state, pid, uptime, fraction, last crash), from the state "
+        "directory, whether or not the daemon runs; why it gave up or is held under it. Exit code "
+        "(LSB, as systemctl is-active): 0 every server serving; 3 a server not running (stopped, "
+        "held, starting, backing off); 1 a server that gave up, or a daemon that is not running "
+        "while its state says it should; 4 no state.",
     )
     _add_config(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--json", action="store_true", help="print one JSON object (everything in the state file)")
+    p.add_argument("--verbose", "-v", action="store_true", help="also the fraction's history, capacity and fleet")
     p.add_argument("--server", metavar="NAME", help="only this server (a config with several [[server]])")
+
+    for cmd, summary, description in (
+        ("stop", "stop a server for maintenance and keep it stopped; the daemon stays up",
+         "Ask the running daemon to take the server out of SGLang's router, drain it (as a planned "
+         "restart does), stop it and keep it stopped, across daemon restarts too, until 'start'. No "
+         "crash is counted and the fraction does not move. With one server the daemon stays up, "
+         "idle. Without --server, every server."),
+        ("start", "start a server stopped by 'stop' (or one that gave up)",
+         "Ask the running daemon to launch a server held by 'stop' (or one that gave up, with its "
+         "crash budget afresh), and wait until it is READY and back in the router."),
+    ):
+        p = _command(sub, cmd, summary, f"sglang-supervisor {cmd} --config {CONFIG} --server tp4-a", description)
+        _add_config(p)
+        p.add_argument("--server", metavar="NAME", help=f"{cmd} only this server (default: all)")
+        p.add_argument("--no-wait", action="store_true", help="return once the daemon has accepted the request")
+        p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait (default 3600)")
+        p.add_argument("--reason", default=f"sglang-supervisor {cmd}", help="why, for the journal and the alert")
+
+    p = _command(
+        sub, "logs", "print a server's log (server.log), one launch of it, or follow it",
+        f"sglang-supervisor logs --config {CONFIG} --server tp4-a -n 100 -f",
+        "Print the server's own output as the daemon wrote it (server.log): the last -n lines, or "
+        "one launch (--launch N: from the daemon's '=== sglang-supervisor launch N' line to the "
+        "next); -f follows it like tail -F, across relaunches and log rotation.",
+    )
+    _add_config(p)
+    p.add_argument("--server", metavar="NAME", help="this server's log (default: the first)")
+    p.add_argument("-n", "--lines", type=int, metavar="N", help="the last N lines (default 50, or all of a --launch)")
+    p.add_argument("--launch", type=int, metavar="N", help="only launch N (all its lines unless -n is given)")
+    p.add_argument("-f", "--follow", action="store_true", help="follow the log as it grows")
 
     p = _command(
         sub, "restart",
@@ -252,7 +290,17 @@ def _dispatch(args: argparse.Namespace) -> int:
     if cmd == "status":
         from supervisor.cli.status import status
 
-        return status(cfg, server=args.server, as_json=args.json)
+        return status(cfg, server=args.server, as_json=args.json, verbose=args.verbose)
+    if cmd in ("stop", "start"):
+        from supervisor.cli.maintenance import maintenance
+
+        return maintenance(cmd, cfg, server=args.server, wait=not args.no_wait, timeout_s=args.timeout,
+                           reason=args.reason, out=sys.stdout)
+    if cmd == "logs":
+        from supervisor.cli.logs import logs
+
+        lines = args.lines if args.lines is not None else 0 if args.launch is not None else 50
+        return logs(cfg, server=args.server, lines=lines, launch=args.launch, follow=args.follow)
     if cmd == "restart":
         from supervisor.cli.restart import restart
 

@@ -1,89 +1,175 @@
-"""``sglang-supervisor status``: the state, fraction and crash history from the state
-directory (works whether or not the daemon runs)."""
+"""``sglang-supervisor status``: each server's state from the state directory, one line
+each in ``supervisorctl status``'s shape (name, state, pid, uptime, fraction, last cause),
+its details with ``--verbose``, everything with ``--json``; works whether or not the daemon
+runs.
+
+Its exit code is the LSB convention that ``systemctl is-active`` and init scripts use, so a
+monitor can act on it (the worst of the servers shown wins, in this order):
+
+- 1: a server gave up, or the daemon is not running while the state says it should be
+  (it was killed: the last state is not STOPPED);
+- 4: no state (never run here, or the wrong state directory);
+- 3: a server is not running (stopped, held by an operator's ``stop``, starting, backing off);
+- 0: every server is serving (READY).
+"""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import IO, Any
 
 from supervisor.core.config import Config, select_server, unit_name
 from supervisor.core.state import Learned
 
+EXIT_SERVING, EXIT_DEAD, EXIT_NOT_RUNNING, EXIT_NO_STATE = 0, 1, 3, 4
+_WORST = (EXIT_DEAD, EXIT_NO_STATE, EXIT_NOT_RUNNING, EXIT_SERVING)  # first = worst
+PLANNED_CAUSES = ("operator_restart", "climb")  # planned before the history said so itself
 
-def status(cfg: Config, *, server: str | None = None, as_json: bool = False, out: IO[str] | None = None) -> int:
-    """One server's status, or each one's in turn (several ``[[server]]``; JSON: by name)."""
+
+def status(cfg: Config, *, server: str | None = None, as_json: bool = False, verbose: bool = False,
+           out: IO[str] | None = None) -> int:
+    """Each server's status (one of them with ``server``); the exit code says the worst."""
     out = out or sys.stdout
     units = select_server(cfg, server)
-    if not cfg.units:
-        return _status(units[0], as_json=as_json, out=out)
+    read = [(unit_name(u), u, *_read(u)) for u in units]
+    codes = [exit_code(data, running) for _name, _u, data, _warning, running in read]
+    code = min(codes, key=_WORST.index)
     if as_json:
-        from io import StringIO
+        objs = {name: _json(u, data, warning, running, c)
+                for (name, u, data, warning, running), c in zip(read, codes, strict=True)}
+        doc = objs[read[0][0]] if not cfg.units else {"servers": objs}
+        print(json.dumps({**doc, "exit_code": code} if cfg.units else doc, indent=1), file=out)
+        return code
+    rows = [_row(name, data, warning, running) for name, _u, data, warning, running in read]
+    widths = [max(len(r[0][i]) for r in rows) for i in range(2)]
+    for (cells, notes), (_name, u, data, _warning, running) in zip(rows, read, strict=True):
+        print(f"{cells[0].ljust(widths[0])}  {cells[1].ljust(widths[1])}  {cells[2]}".rstrip(), file=out)
+        for note in notes:
+            print(f"  {note}", file=out)
+        if verbose and data is not None:
+            _details(u, data, running, out)
+    return code
 
-        merged = {}
-        for unit in units:
-            buf = StringIO()
-            _status(unit, as_json=True, out=buf)
-            merged[unit_name(unit)] = json.loads(buf.getvalue())
-        print(json.dumps({"servers": merged}, indent=1), file=out)
-        return 0
-    for i, unit in enumerate(units):
-        if i:
-            print(file=out)
-        print(f"server:    {unit_name(unit)}  ({unit.state.dir})", file=out)
-        _status(unit, as_json=False, out=out)
-    return 0
+
+def exit_code(data: dict[str, Any] | None, running: bool) -> int:
+    """One server's LSB status code (the module's docstring)."""
+    if data is None:
+        return EXIT_NO_STATE
+    state = data.get("state")
+    if state == "GAVE_UP" or (not running and state != "STOPPED"):
+        return EXIT_DEAD
+    return EXIT_SERVING if running and state == "READY" else EXIT_NOT_RUNNING
 
 
-def _status(cfg: Config, *, as_json: bool, out: IO[str]) -> int:
+def _read(cfg: Config) -> tuple[dict[str, Any] | None, str | None, bool]:
     from supervisor.adapters.store import StateStore
 
     store = StateStore(cfg.state.dir)
     data, warning = store.load(move_aside=False)
-    running = store.locked_by_other()
+    return data, warning, store.locked_by_other()
+
+
+def counts(history: list[dict[str, Any]]) -> dict[str, int]:
+    """The history's lines by kind: crashes, step-downs among them, planned relaunches."""
+    planned = [h for h in history if h.get("planned") or h.get("cause") in PLANNED_CAUSES]
+    crashes = [h for h in history if h not in planned]
+    return {"crashes": len(crashes), "planned": len(planned),
+            "step_downs": sum(1 for h in history if h.get("cause") == "headroom_low")}
+
+
+def _json(cfg: Config, data: dict[str, Any] | None, warning: str | None, running: bool, code: int) -> dict[str, Any]:
     if data is None:
-        if as_json:
-            print(json.dumps({"running": running, "state": None, "warning": warning}), file=out)
-        else:
-            print(f"no state in {cfg.state.dir} (never run here?)" + (f" - {warning}" if warning else ""), file=out)
-        return 0
+        return {"running": running, "state": None, "warning": warning, "exit_code": code}
     learned = data.get("learned", {})
-    if as_json:
-        print(json.dumps({"running": running, **data, "recommended": _recommended(cfg, learned)}, indent=1), file=out)
-        return 0
-    state = data.get("state", "?")
-    print(f"instance:  {cfg.name}  (daemon {'running, pid ' + str(data.get('daemon_pid')) if running else 'not running'})", file=out)
-    print(f"state:     {state}{'' if running else ' (last known)'}  {data.get('reason', '')}", file=out)
+    return {"running": running, **data, "recommended": _recommended(cfg, learned),
+            "counts": counts(learned.get("history", [])), "exit_code": code}
+
+
+def _row(name: str, data: dict[str, Any] | None, warning: str | None,
+         running: bool) -> tuple[tuple[str, str, str], list[str]]:
+    """One server's line (name, state, the rest) and the notes under it."""
+    if data is None:
+        return (name, "NO STATE", "never run here? (no state file)" + (f" - {warning}" if warning else "")), []
+    state = str(data.get("state", "?"))
+    learned = data.get("learned", {})
+    parts = []
+    pid, since = data.get("server_pid"), data.get("server_since")
+    if running and state in ("READY", "STARTING") and isinstance(pid, int):
+        up = f", uptime {_uptime(time.time() - since)}" if isinstance(since, int | float) else ""
+        parts.append(f"pid {pid}{up}")
+    fraction = learned.get("fraction")
+    parts.append(f"fraction {'sglang' if fraction is None else f'{fraction:g}'}")
+    c = counts(learned.get("history", []))
+    last = next((h for h in reversed(learned.get("history", []))
+                 if not (h.get("planned") or h.get("cause") in PLANNED_CAUSES)), None)
+    parts.append(f"last {last['cause']} at {last['wall_time']}" if last else "no crash")
+    planned = f", {c['planned']} planned" if c["planned"] else ""
+    parts.append(f"{c['crashes']} crash(es){planned}")
+    notes = []
+    if not running:
+        daemon = "the daemon is not running" + ("" if state == "STOPPED" else " (it was killed: the state is its last)")
+        notes.append(daemon)
+    held = data.get("held")
+    if isinstance(held, dict):
+        notes.append(f"held by an operator since {held.get('since')}: {held.get('reason')} "
+                     f"('sglang-supervisor start' launches it)")
+    gave_up = data.get("gave_up")
+    if isinstance(gave_up, dict):
+        notes.append(f"gave up at {gave_up.get('wall_time')}: {gave_up.get('reason')}")
+        if gave_up.get("evidence"):
+            notes.append(f"  evidence: {gave_up['evidence']}")
+        if gave_up.get("command"):
+            notes.append(f"  command:  {' '.join(map(str, gave_up['command']))}")
+    elif state not in ("READY", "STOPPED") and data.get("reason"):
+        notes.append(f"why: {data['reason']}")
+    return (name, state if running else f"{state} (last known)", "   ".join(parts)), notes
+
+
+def _uptime(seconds: float) -> str:
+    s = max(0, int(seconds))
+    days, s = divmod(s, 86400)
+    text = f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+    return f"{days} day{'s' if days != 1 else ''}, {text}" if days else text
+
+
+def _details(cfg: Config, data: dict[str, Any], running: bool, out: IO[str]) -> None:
+    """``--verbose``: what the daemon learned, the capacity model, the fleet, the history."""
+    learned = data.get("learned", {})
+    print(f"  instance:  {cfg.name}  ({cfg.state.dir}; daemon "
+          f"{'running, pid ' + str(data.get('daemon_pid')) if running else 'not running'})", file=out)
+
     def frac(value: object) -> str:
         return "SGLang's own choice" if value is None else str(value)
 
-    print(
-        f"fraction:  {frac(learned.get('fraction'))}  (configured {frac(learned.get('base_fraction'))}; "
-        f"ran out of CUDA memory at: {', '.join(map(str, learned.get('oom_fractions', []))) or 'none'})",
-        file=out,
-    )
-    print(f"hicache:   {learned.get('hicache_size_gb')} GB per rank   restarts: {learned.get('restarts', 0)}", file=out)
+    print(f"  fraction:  {frac(learned.get('fraction'))}  (configured {frac(learned.get('base_fraction'))}; "
+          f"ran out of CUDA memory at: {', '.join(map(str, learned.get('oom_fractions', []))) or 'none'})", file=out)
+    print(f"  hicache:   {learned.get('hicache_size_gb')} GB per rank   restarts: {learned.get('restarts', 0)}",
+          file=out)
     capacity = _capacity_line(cfg, learned)
     if capacity:
-        print(f"capacity:  {capacity}", file=out)
+        print(f"  capacity:  {capacity}", file=out)
     fleet_line = _fleet_line(learned)
     if fleet_line:
-        print(f"fleet:     {fleet_line}", file=out)
+        print(f"  fleet:     {fleet_line}", file=out)
     history = learned.get("history", [])
-    print(f"history:   {len(history)} crash(es) and step-down(s)", file=out)
+    c = counts(history)
+    print(f"  history:   {c['crashes']} crash(es) ({c['step_downs']} step-down(s) for headroom), "
+          f"{c['planned']} planned restart(s) and climb(s)", file=out)
     if history:
-        rows = [("time", "cause", "phase", "exit", "fraction", "next", "location")]
+        rows = [("time", "kind", "cause", "phase", "exit", "fraction", "next", "location")]
         rows.extend(
             (
-                h["wall_time"], h["cause"], h["phase"], h["exit"], "sglang" if h["fraction"] is None else f"{h['fraction']:g}",
+                h["wall_time"], "planned" if h.get("planned") or h.get("cause") in PLANNED_CAUSES else "crash",
+                h["cause"], h["phase"], h["exit"], "sglang" if h["fraction"] is None else f"{h['fraction']:g}",
                 "-" if h["next_fraction"] is None else f"{h['next_fraction']:g}", h.get("location") or "-",
             )
             for h in history[-20:]
         )
         widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
         for r in rows:
-            print("  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)), file=out)
-    return 0
+            print("    " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip(), file=out)
 
 
 def _learned(learned: dict[str, Any]) -> Learned | None:

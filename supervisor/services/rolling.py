@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from supervisor.aio import TaskScope
+from supervisor.aio import first_of
 from supervisor.core import events as ev
 from supervisor.core.model import State
 from supervisor.core.state import Core
@@ -50,12 +50,7 @@ class PassEnd:
 
 async def any_moved(units: Sequence[Unit], timeout_s: float | None = None) -> None:
     """Until one of ``units`` takes a step (or ``timeout_s`` passes)."""
-    waits = TaskScope("any-moved", on_failure=lambda _task: None)  # the waits live no longer than this call
-    try:
-        await asyncio.wait([waits.spawn(u.moved(), f"{u.name}:moved") for u in units], timeout=timeout_s,
-                           return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        await waits.aclose()
+    await first_of({f"{u.name}:moved": u.moved() for u in units}, timeout_s)
 
 
 async def roll(units: Sequence[Unit], everyone: Sequence[Unit], reason: str,

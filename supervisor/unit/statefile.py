@@ -14,7 +14,7 @@ from supervisor.adapters.ports import Store, StoreError
 from supervisor.core import events as ev
 from supervisor.core.config import Config
 from supervisor.core.ownership import recorded_server
-from supervisor.core.state import Core, Learned
+from supervisor.core.state import Core, GiveUpNote, Hold, Learned
 from supervisor.unit.handover import Recorded
 
 if TYPE_CHECKING:
@@ -26,6 +26,8 @@ class Loaded:
     learned: Learned
     worker_id: str | None  # the router's id for our worker, kept across daemon restarts
     recorded: Recorded  # the last server a daemon launched
+    held: Hold | None = None  # an operator's ``stop --server``, kept until ``start``
+    gave_up: GiveUpNote | None = None  # the last give-up, until the server serves again
 
 
 class StateFile:
@@ -54,6 +56,7 @@ class StateFile:
         return Loaded(
             learned, kept if isinstance(kept, str) else None,
             Recorded(recorded["recorded_pgid"], recorded["recorded_since"], recorded["recorded_tree"]),
+            held=Hold.from_dict(data.get("held")), gave_up=GiveUpNote.from_dict(data.get("gave_up")),
         )
 
     def save(self, core: Core, server: dict[str, Any], *, instance_id: str, worker_id: str | None) -> None:
@@ -68,6 +71,8 @@ class StateFile:
             "router_worker_id": worker_id,
             "daemon_pid": os.getpid(),
             "attempt": core.attempt,
+            "held": None if core.held is None else core.held.to_dict(),
+            "gave_up": None if core.gave_up is None else core.gave_up.to_dict(),
         }
         if data == self._last:
             return
