@@ -44,6 +44,7 @@ RESTART_WORDS = ("server_args=", "Load weight begin", "Loading safetensors check
 # 0.3's graceful_shutdown), lowered. "Signal SIGTERM received while ... Force exiting." is not one.
 STOP_WORDS = ("draining requests and shutting down", "gracefully exiting", "recive sigterm")
 
+_RESTART = re.compile("|".join(re.escape(words) for words in RESTART_WORDS))
 _MARKER = re.compile(r"=== sglang-supervisor launch (\d{1,12}) at (\S{1,64}): ?(.{0,100000})")
 
 Outcome = Literal["crashed", "stopped", "running"]
@@ -87,7 +88,7 @@ class LaunchSplitter:
             return marker
         if self.markers:
             return False
-        if self._ready and any(words in line for words in RESTART_WORDS):
+        if self._ready and _RESTART.search(line) is not None:
             self._ready = False
             return True
         if READY_WORDS in line:
