@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -29,6 +30,7 @@ from supervisor.core.config import (
     ServerConfig,
     StateConfig,
 )
+from supervisor.core.diagnosis.launches import split_launches
 from supervisor.core.events import Event
 from supervisor.core.model import ExitStatus, State
 from supervisor.daemon import EXIT_DAEMON_FAILED, Daemon
@@ -170,6 +172,7 @@ class FakeSpawner:
 
     def __init__(self) -> None:
         self.servers: list[FakeServer] = []
+        self.logs: list[FakeLog] = []  # each launch's server log
         self.gate: asyncio.Event | None = None
         self.spawning = asyncio.Event()
 
@@ -180,6 +183,7 @@ class FakeSpawner:
             await self.gate.wait()
         server = FakeServer(1000 + len(self.servers))
         self.servers.append(server)
+        self.logs.append(log)
         log.close()
         return server
 
@@ -327,6 +331,25 @@ async def test_a_probe_in_flight_when_the_server_exits_is_cancelled_and_never_sp
         assert await rig.stop() == 0
         assert not rig.sink.find("daemon_failed")
         assert rig.spawner.servers[1].stopped_with == [signal.SIGTERM]
+
+
+async def test_each_launch_begins_with_the_marker_explain_reads(tmp_path):
+    """The daemon writes ``launch_marker`` before each launch, and ``explain``'s splitter reads
+    it back: the attempt, an RFC 3339 wall time and the argv (the two cannot drift)."""
+    async with asyncio.timeout(DEADLINE_S):
+        rig = Rig(tmp_path)
+        rig.start()
+        await rig.until(lambda: rig.prober.calls >= 1, "the first probe")
+        rig.spawner.servers[0].exit(1)
+        await rig.until(lambda: len(rig.spawner.servers) == 2, "the relaunch")
+        assert await rig.stop() == 0
+    text = b"".join(bytes(log.data) for log in rig.spawner.logs).decode()
+    launches = split_launches(text)
+    assert [launch.marker.attempt for launch in launches if launch.marker] == [1, 2]
+    for launch in launches:
+        assert launch.marker is not None
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)", launch.marker.wall)
+        assert "--model-path /models/m" in launch.marker.argv
 
 
 async def test_a_stop_while_the_launch_is_in_flight_waits_for_it_and_stops_that_server(tmp_path):

@@ -6,7 +6,7 @@
     sglang-supervisor restart --config F [--server NAME] [--no-wait]   (cli/restart.py)
     sglang-supervisor stop|start --config F [--server NAME] [--no-wait] (cli/maintenance.py)
     sglang-supervisor logs --config F [--server NAME] [-n N] [-f] [--launch N]  (cli/logs.py)
-    sglang-supervisor explain LOGFILE|- [--json] [--config F]          (cli/explain.py)
+    sglang-supervisor explain LOGFILE|- [--json] [--launch N] [--config F]  (cli/explain.py)
     sglang-supervisor preflight --config F [--json]                    (cli/preflight.py)
     sglang-supervisor drill --config F                                 (cli/drill.py)
     sglang-supervisor fleet list|reset --config F [...]                (cli/fleet.py)
@@ -167,9 +167,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(
         sub, "explain", "diagnose a crash log",
-        "journalctl -u my-old-sglang -o cat | sglang-supervisor explain -",
+        "sglang-supervisor explain --launch 2 /var/log/sglang-supervisor/kimi/server.log\n"
+        "  journalctl -u my-old-sglang -o cat | sglang-supervisor explain -",
         "Read a dead SGLang server's log and say why it died: the cause, the evidence line, where in "
-        "the code, and what the supervisor would do about it.",
+        "the code, and what the supervisor would do about it. A log of several launches (the daemon's "
+        "'=== sglang-supervisor launch N' lines, or a new start-up after SGLang's READY line) is read "
+        "one launch at a time: the last one that ended (launch N of M: crashed / stopped cleanly / "
+        "still running), or --launch N; its start-up facts are that launch's only.",
     )
     explain.add_arguments(p)
 

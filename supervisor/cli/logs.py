@@ -1,11 +1,10 @@
 """``sglang-supervisor logs``: a server's own output (``server.log``), as the daemon wrote it.
 
-``-n N`` prints the last N lines; ``--launch N`` one launch's lines (from the daemon's
-``=== sglang-supervisor launch N`` marker to the next one; the last launch of that number
-when a daemon restart began its count again; the rotated files are read too when the
-launch began in one); ``-f`` follows the file like ``tail -F``: through relaunches (their
-markers come by as lines) and through the daemon's rotation (``server.log`` renamed to
-``server.log.1``: the new file is opened from its start).
+``-n N`` prints the last N lines; ``--launch N`` the N-th launch of the file (counted as
+``explain --launch N`` counts them: from one of the daemon's ``=== sglang-supervisor
+launch`` lines to the next, ``core.diagnosis.launches``); ``-f`` follows the file like
+``tail -F``: through relaunches (their markers come by as lines) and through the daemon's
+rotation (``server.log`` renamed to ``server.log.1``: the new file is opened from its start).
 """
 
 from __future__ import annotations
@@ -13,13 +12,12 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
 from supervisor.cli.common import EXIT_USAGE, fail
 from supervisor.core.config import Config, select_server
-from supervisor.core.launch_marker import LAUNCH_MARKER
+from supervisor.core.diagnosis.launches import LaunchMarker, LaunchSplitter
 
 FOLLOW_POLL_S = 0.25
 CHUNK = 64 * 1024
@@ -39,10 +37,9 @@ def logs(cfg: Config, *, server: str | None, lines: int, launch: int | None, fol
     if not path.exists():
         return fail(f"logs: {path}: no server log yet (has the daemon launched {unit.name} here?)", 1)
     if launch is not None:
-        segment = launch_lines(path, unit.logging.server_log_backups, launch)
+        segment, count = launch_lines(path, launch)
         if segment is None:
-            return fail(f"logs: {path}: no launch {launch} in the log (see its '=== sglang-supervisor launch' lines)",
-                        EXIT_USAGE)
+            return fail(f"logs: {path}: no launch {launch}: the log holds {count} (--launch 1 to {count})", EXIT_USAGE)
         text = segment if lines <= 0 else _last(segment, lines)
         out.write(text)
     else:
@@ -73,32 +70,32 @@ def _tail(path: Path, n: int) -> str:
     return "" if n <= 0 else _last(text, n)
 
 
-def _files(path: Path, backups: int) -> Iterator[Path]:
-    """The rotated files, oldest first, then the current one."""
-    for i in range(backups, 0, -1):
-        old = path.with_name(f"{path.name}.{i}")
-        if old.exists():
-            yield old
-    yield path
-
-
-def launch_lines(path: Path, backups: int, number: int) -> str | None:
-    """Launch ``number``'s lines, its marker first (the last launch of that number), or None."""
-    found: list[str] | None = None
+def launch_lines(path: Path, number: int) -> tuple[str | None, int]:
+    """The ``number``-th launch's lines (1-based, its marker first; None when there is no
+    such launch) and how many launches the file holds, split as ``split_launches`` splits a
+    text, but read line by line: only the launch being read is held."""
+    splitter = LaunchSplitter()
+    count, found = 0, None
     current: list[str] | None = None
-    for file in _files(path, backups):
-        with file.open("r", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                m = LAUNCH_MARKER.match(line)
-                if m is not None:
-                    if current is not None:
-                        found = current
-                    current = [line] if int(m.group("n")) == number else None
-                elif current is not None:
-                    current.append(line)
-    if current is not None:
-        found = current
-    return None if found is None else "".join(found)
+    marked = False
+
+    def close() -> None:
+        nonlocal count, found
+        if current is None or (not marked and count == 0 and not "".join(current).strip()):
+            return  # only blank lines before the first marker: no launch
+        count += 1
+        if count == number:
+            found = "".join(current)
+
+    with path.open("r", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            begins = splitter.feed(line)
+            if begins is not False or current is None:
+                close()
+                current, marked = [], isinstance(begins, LaunchMarker)
+            current.append(line)
+    close()
+    return found, count
 
 
 def _follow(path: Path, out: IO[str], until: float | None) -> None:

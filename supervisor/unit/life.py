@@ -29,8 +29,8 @@ from supervisor.core.capacity import PEAK_STEP_GB
 from supervisor.core.config import Config, http_url
 from supervisor.core.diagnosis import diagnose
 from supervisor.core.diagnosis.kv_pressure import KV_PRESSURE_WORDS, NOTHING_RETRACTED
+from supervisor.core.diagnosis.launches import launch_marker
 from supervisor.core.diagnosis.startup_facts import StartupFactsParser
-from supervisor.core.launch_marker import launch_marker
 from supervisor.core.messages import (
     Diagnosed,
     Died,
@@ -151,7 +151,7 @@ class ServerLife:
             cfg.logging.server_log_backups,
             on_error=lambda why: self._emit(ev.ServerLogWriteFailed(error=why)),
         )
-        log.write(launch_marker(launch.attempt, self._wall_now(), launch.argv).encode())
+        log.write(f"{launch_marker(launch.attempt, self._wall_now(), launch.argv)}\n".encode())
         mark = {MARK_VAR: self.instance_id, LAUNCH_VAR: run.nonce}
         env = server_env(cfg.server.pass_env, {**cfg.server.env, **gpu_env(cfg.gpu.indices)}, self.p.environ, mark)
         run.oom_kills_at_launch = await asyncio.to_thread(self._oom_kills)

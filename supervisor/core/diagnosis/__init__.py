@@ -53,8 +53,9 @@ and ``data/`` (the stack's own messages, generated), ``reading`` (the catalogue'
 a line), ``findings`` (what each line says; the first failure), ``phase`` (the phase and what
 says so), ``verdict`` (a finding as a ``Diagnosis``), ``kernel`` (OOM-killer records),
 ``crash`` (``diagnose``), ``action`` (``describe_action``); and beside them ``site_rules``
-(a site's own ``[[diagnosis.rule]]``), ``startup_facts`` (SGLang's start-up lines) and
-``kv_pressure`` (the KV-pressure words read while serving).
+(a site's own ``[[diagnosis.rule]]``), ``startup_facts`` (SGLang's start-up lines),
+``kv_pressure`` (the KV-pressure words read while serving) and ``launches`` (the daemon's
+launch marker; where each launch of a log begins and how it ended).
 
 The names of ``__all__`` are loaded when first asked for (PEP 562): importing
 ``startup_facts`` or ``site_rules`` (as the config and the capacity model do) loads neither
