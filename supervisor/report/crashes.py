@@ -31,7 +31,8 @@ def zone_label(tz: tzinfo, t: float) -> str:
     IANA name when it says more ("Europe/Berlin, CET")."""
     abbreviation = datetime.fromtimestamp(t, tz).strftime("%Z") or "local time"
     key = getattr(tz, "key", None)
-    return f"{key}, {abbreviation}" if isinstance(key, str) and key not in (abbreviation, "UTC") else abbreviation
+    named = isinstance(key, str) and "/" in key.strip("/") and not key.startswith("/") and key != abbreviation
+    return f"{key}, {abbreviation}" if named else abbreviation  # not "localtime, UTC"
 
 
 def seconds(s: float) -> str:
@@ -160,7 +161,7 @@ def header_rows(records: Sequence[Mapping[str, Any]], ring: Ring | None) -> list
     names = [str(g) for g in launch.get("gpus") or () if str(g).strip()]
     argv = [str(a) for a in launch.get("argv") or ()]
     return [
-        ("SGLang", version or "not recorded (this daemon could not read its version)"),
+        ("SGLang", version or "not recorded (its version could not be read)"),
         ("GPUs", gpu_words(names, ring)),
         ("launch command", shlex.join(argv) if argv else "not recorded (a journal from before it kept the command)"),
     ]

@@ -40,10 +40,12 @@ img.chart { width: 100%; max-width: 1200px; border: 1px solid #eee; }
 code.line { white-space: pre-wrap; word-break: break-all; }
 table.about th { width: 11em; }
 table.about code, table.crashes code { white-space: pre-wrap; overflow-wrap: break-word; }
-table.crashes { width: 100%; table-layout: auto; }
+table.crashes { width: 100%; table-layout: fixed; }
 table.crashes td { overflow-wrap: break-word; }
-table.crashes td.where { white-space: nowrap; font-family: ui-monospace, monospace; }
-table.crashes td.evidence { font-family: ui-monospace, monospace; font-size: 0.9em; max-width: 34em; }
+table.crashes th:nth-child(1) { width: 6.5em; } table.crashes th:nth-child(2) { width: 6em; }
+table.crashes th:nth-child(3) { width: 3.5em; } table.crashes th:nth-child(4) { width: 15%; }
+table.crashes th:nth-child(5) { width: 14%; } table.crashes th:nth-child(7) { width: 16%; }
+table.crashes td.where, table.crashes td.evidence { font-family: ui-monospace, monospace; font-size: 0.9em; }
 pre.rule { background: #f6f8fa; border: 1px solid #ddd; padding: 6px 10px; margin: 4px 0; white-space: pre-wrap;
            word-break: break-all; }
 """
