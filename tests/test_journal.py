@@ -37,7 +37,8 @@ def test_notable_events_are_lines_with_wall_time_and_quiet_ones_are_not(tmp_path
     assert [r["kind"] for r in records] == ["state_changed", "crash", "launch"]
     assert records[0]["t"] == 1764470531.25 and records[0]["ts"] == "2025-11-30T02:42:11.250Z"
     assert records[1]["cause"] == "cuda_oom_runtime" and len(records[1]["evidence"]) == 8
-    assert "argv" not in records[2] and "secret" not in (tmp_path / JOURNAL).read_text()
+    # the launch command is kept for the report's header, its secrets redacted as in the log
+    assert records[2]["argv"] == ["python", "--api-key", "***"] and "secret" not in (tmp_path / JOURNAL).read_text()
     assert [r["kind"] for r in read_journal(tmp_path)] == ["state_changed", "crash", "launch"]
     assert [r["kind"] for r in read_journal(tmp_path, since=1764470531.26)] == []
 
@@ -99,3 +100,23 @@ def test_one_rfc3339_writer_for_a_unix_time_and_a_datetime_of_any_class(monkeypa
     monkeypatch.setattr(model, "datetime", Shifted)
     assert {model.rfc3339(when), model.rfc3339(when.timestamp()), model.rfc3339(Shifted.fromtimestamp(when.timestamp(), dt.UTC))} == {
         "2026-10-04T03:12:09.123Z"}
+
+
+def test_evidence_is_cut_at_a_space_never_inside_a_word(tmp_path):
+    """The evidence line the report shows whole keeps up to FIRST_EVIDENCE_CHARS (a CUDA OOM's
+    ~700 characters fit); a longer line, and the other lines past EVIDENCE_CHARS, end at a
+    word with " …"."""
+    from supervisor.sinks.journal import EVIDENCE_CHARS, FIRST_EVIDENCE_CHARS, clip
+
+    oom = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+           "139.81 GiB of which 1.19 GiB is free. Including non-PyTorch memory, this process has 138.60 GiB memory "
+           "in use. " * 3)
+    words = " ".join(f"word{k}" for k in range(600))
+    sink = JournalSink(tmp_path, clock=lambda: 1.0)
+    sink.emit(crash(evidence=(oom, words, words)))
+    first, second, _ = next(iter(read_journal(tmp_path)))["evidence"]
+    assert first == oom and len(oom) > EVIDENCE_CHARS
+    assert second.endswith(" …") and len(second) <= EVIDENCE_CHARS
+    assert words.startswith(second.removesuffix(" …") + " ")  # ends on a whole word
+    assert clip(words, FIRST_EVIDENCE_CHARS).removesuffix(" …").split(" ")[-1] in words.split(" ")
+    assert clip("x" * 30, 10) == "x" * 8 + " …"  # one word longer than the limit: cut where it must

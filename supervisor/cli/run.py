@@ -109,7 +109,7 @@ async def run_daemon_async(
             preflight=preflight.HostPreflight(cleanup), spawner=ServerProcess, prober=HealthProber, gpu_monitor=gpu.GpuMonitor,
             open_log=RotatingLog, oom_kills=cgroup_oom_kills, gpu_probe=registry.make_probe(unit.gpu),
             sinks=server_sinks.get(unit_name(unit), ()), router=router, group_etcd=group_etcd, fleet_store=fleet_store,
-            sglang_version=read_sglang_version if fleet_store is not None else None, kv_reader=KvMetricsReader,
+            sglang_version=read_sglang_version, kv_reader=KvMetricsReader,
             host=host,
         )
 

@@ -6,6 +6,28 @@ from supervisor.core.config import Config
 
 # --- the launch command line --------------------------------------------------------------
 
+SECRET_FLAGS = ("--api-key", "--admin-api-key", "--hf-token", "--token", "--password")
+
+
+def redact_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """argv with the values of secret-bearing flags replaced by ``***`` (the log and the
+    journal keep the launch command this way)."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append("***")
+            hide_next = False
+            continue
+        flag, eq, _ = arg.partition("=")
+        if flag in SECRET_FLAGS:
+            out.append(f"{flag}=***" if eq else arg)
+            hide_next = not eq
+            continue
+        out.append(arg)
+    return out
+
+
 
 def build_argv(cfg: Config, fraction: float | None, hicache_size_gb: int) -> tuple[str, ...]:
     """The exact argv: flags spelled as SGLang's ``launch_server`` parser knows them. A

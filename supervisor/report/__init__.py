@@ -1,7 +1,8 @@
 """The morning report (docs/report.md): one page of the night from the state directory.
 
 ``collect`` reads each server's journal and GPU memory ring and sums the night up
-(``supervisor.core.night``); ``text`` words it for a terminal; ``html`` (``page.py``) and
+(``supervisor.core.night``), with what the server ran and its crashes in words
+(``crashes.py``); ``text`` words it for a terminal; ``html`` (``page.py``) and
 ``png`` draw it with matplotlib (``chart.py``, the ``[report]`` extra). The daemon never
 imports this package (import-linter's contract "the daemon never imports the report or
 matplotlib", pyproject.toml).
@@ -21,9 +22,10 @@ from supervisor.core.diagnosis.site_rules import rule_toml
 from supervisor.core.events import Event, from_fields
 from supervisor.core.model import Cause
 from supervisor.core.night import Advice, ClimbStep, KvPressure, Night, summarize
+from supervisor.report.crashes import CrashRow, crash_columns, crash_rows, header_rows, zone_label
 from supervisor.sinks.alerts import describe
 from supervisor.sinks.gpuring import Ring, read_ring
-from supervisor.sinks.journal import read_journal
+from supervisor.sinks.journal import clip, read_journal
 
 EVENT_ROWS_MAX = 300
 TEXT_ROWS_MAX = 40
@@ -40,6 +42,8 @@ class ServerNight:
     ring: Ring | None
     todo: tuple[str, ...]
     records: tuple[dict[str, Any], ...]
+    about: tuple[tuple[str, str], ...] = ()  # the SGLang version, the GPUs, the launch command
+    crashes: tuple[CrashRow, ...] = ()
 
 
 def clock_time(t: float, tz: tzinfo) -> str:
@@ -79,10 +83,11 @@ def collect(cfg: Config, *, since_s: float, now: float, tz: tzinfo) -> list[Serv
         night = summarize(records, start=now - since_s, end=now, floor=unit.policy.fraction_ladder[-1])
         instance = alert_instance(cfg, unit)
         inside = tuple(r for r in records if r["t"] >= night.start)
+        ring = read_ring(unit.state.dir, since=night.start)
         nights.append(ServerNight(
-            name=unit_name(unit), state_dir=unit.state.dir, night=night,
-            ring=read_ring(unit.state.dir, since=night.start),
+            name=unit_name(unit), state_dir=unit.state.dir, night=night, ring=ring,
             todo=todo_sentences(night, records, instance=instance, tz=tz), records=inside,
+            about=tuple(header_rows(records, ring)), crashes=tuple(crash_rows(unit_name(unit), inside, tz)),
         ))
     return nights
 
@@ -258,43 +263,62 @@ def unnamed_when(u: Unnamed, tz: tzinfo) -> str:
 def event_line(r: dict[str, Any]) -> str:
     """A journal record in a few words (the events table and the text report)."""
     k, g = str(r.get("kind")), r.get
+
+    def w(key: str) -> object:  # a value to print: never None
+        value = r.get(key)
+        return "unknown" if value is None or value == "" else value
+
     if k == "state_changed":
-        return f"{g('from')} → {g('to')}: {g('reason')}"
+        return f"{w('from')} → {w('to')}: {w('reason')}"
     if k == "launch":
-        return f"launch #{g('attempt')} at mem_fraction_static={_fraction(g('mem_fraction_static'))}, pid {g('pid')}"
+        return f"launch #{w('attempt')} at mem_fraction_static={_fraction(g('mem_fraction_static'))}, pid {w('pid')}"
     if k == "crash":
         ev = (g("evidence") or [""])[0]
-        return (f"crash: {g('cause')} ({g('phase')}) at {_fraction(g('mem_fraction_static'))}, remedy {g('remedy')}"
-                f" → {_fraction(g('next_mem_fraction_static'))}" + (f"; {str(ev)[:160]}" if ev else ""))
+        nxt = g("next_mem_fraction_static")
+        then = (f"next at {_fraction(nxt)}" if g("next_retry_s") is not None else "no relaunch")
+        return (f"crash: {w('cause')} ({w('phase')}) at {_fraction(g('mem_fraction_static'))}, {then}"
+                + (f"; {clip(str(ev), 160)}" if ev else ""))
     if k == "restart_scheduled":
         return f"restart in {float(g('delay_s') or 0):.1f} s at mem_fraction_static={_fraction(g('mem_fraction_static'))}"
     if k == "startup_facts":  # what SGLang's log said; a CPU server has no CUDA graphs
-        said = [f"{g('avail_mem_after_capture_gb')} GB after CUDA-graph capture"] * (
+        said = [f"{w('avail_mem_after_capture_gb')} GB after CUDA-graph capture"] * (
             g("avail_mem_after_capture_gb") is not None)
-        said += [f"max_total_num_tokens={g('max_total_num_tokens')}"] * (g("max_total_num_tokens") is not None)
+        said += [f"max_total_num_tokens={w('max_total_num_tokens')}"] * (g("max_total_num_tokens") is not None)
         return "startup facts: " + (", ".join(said) or "none read")
     if k == "gave_up":
-        return f"gave up: {g('reason')}"
+        return f"gave up: {w('reason')}"
     if k == "recommended_fraction":
         if g("fraction") is None:
             return f"recommended fraction: none yet, the memory model {g('missing') or 'needs more launches'}"
-        return f"recommended fraction: {g('words')}"
+        return f"recommended fraction: {w('words')}"
     if k == "kv_pressure":
-        return (f"KV pressure ({g('source')}): {g('signals')} signal(s) at mem_fraction_static="
-                f"{_fraction(g('mem_fraction_static'))}; {g('detail')}")[:240]
+        return clip(f"KV pressure ({w('source')}): {w('signals')} signal(s) at mem_fraction_static="
+                    f"{_fraction(g('mem_fraction_static'))}; {w('detail') or 'no detail'}", 240)
     if k == "climb":
         gain = g("kv_tokens_gain")
         more = f": {_pct(gain)} KV tokens" if isinstance(gain, int | float) else ""
         return f"climb: {_fraction(g('mem_fraction_before'))} → {_fraction(g('mem_fraction_static'))}{more}"
     if k == "climb_fell_back":
         return (f"climb fell back to {_fraction(g('mem_fraction_static'))}: {_fraction(g('mem_fraction_failed'))} "
-                f"failed on probation ({g('cause')})")
+                f"failed on probation ({w('cause')})")
     if k == "climb_kept":
         return (f"climb kept: {_fraction(g('mem_fraction_static'))} served through its "
                 f"{duration(float(g('probation_s') or 0))} probation")
-    skip = {"t", "ts", "kind", "instance", "host", "server", "ranks", "evidence", "log_evidence"}
-    rest = ", ".join(f"{key}={value}" for key, value in r.items() if key not in skip)
-    return f"{k}: {rest}"[:240]
+    skip = {"t", "ts", "kind", "instance", "host", "server", "ranks", "evidence", "log_evidence", "argv", "gpus"}
+    rest = ", ".join(f"{key.replace('_', ' ')} {_said(value)}" for key, value in r.items()
+                     if key not in skip and value not in (None, "", [], {}))
+    return clip(f"{k.replace('_', ' ')}: {rest}" if rest else k.replace("_", " "), 240)
+
+
+def _said(value: object) -> str:
+    """A field's value in a line: a list or a table without JSON's brackets and nulls."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list | tuple):
+        return "; ".join(_said(v) for v in value if v is not None) or "none"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_said(v)}" for k, v in value.items() if v is not None) or "none"
+    return str(value)
 
 
 NOTABLE = frozenset({"state_changed", "launch", "crash", "restart_scheduled", "startup_facts", "recovered", "gave_up",
@@ -315,7 +339,11 @@ def text(nights: Sequence[ServerNight], *, tz: tzinfo, title: str) -> str:
         if len(nights) > 1:
             lines += [f"== server {sn.name} ==", ""]
         lines.append(f"{datetime.fromtimestamp(n.start, tz):%Y-%m-%d %H:%M} – {datetime.fromtimestamp(n.end, tz):%H:%M}"
-                     f" ({sn.state_dir})")
+                     f" {zone_label(tz, n.end)} ({sn.state_dir})")
+        width = max((len(k) for k, _ in sn.about), default=0)
+        for k, v in sn.about:
+            lines += textwrap.wrap(v, 100, initial_indent=f"{k:<{width}}  ", subsequent_indent=" " * (width + 2),
+                                   break_long_words=False, break_on_hyphens=False)
         lines.append("")
         lines.append("What to do now:")
         lines += [f"  - {s}" for s in sn.todo] or ["  - nothing: no open problem"]
@@ -332,6 +360,8 @@ def text(nights: Sequence[ServerNight], *, tz: tzinfo, title: str) -> str:
         width = max(len(k) for k, _ in summary_rows(sn))
         lines += [f"  {k:<{width}}  {v}" for k, v in summary_rows(sn)]
         lines.append("")
+        if sn.crashes:
+            lines += crash_text(sn.crashes, tz)
         unnamed = unnamed_crashes(sn.records)
         if unnamed:
             lines += ["Crashes it could not name:", *textwrap.wrap(UNNAMED_HELP, 100, initial_indent="  ",
@@ -341,9 +371,27 @@ def text(nights: Sequence[ServerNight], *, tz: tzinfo, title: str) -> str:
                 lines += [f"    {rule_line}" for rule_line in (u.rule or "(too little text in it for a rule)").splitlines()]
             lines.append("")
         shown = notable(sn.records)
-        lines.append("The night:" if len(shown) <= TEXT_ROWS_MAX else
-                     f"The night (its last {TEXT_ROWS_MAX} of {len(shown)} events; the HTML report shows up to {EVENT_ROWS_MAX}):")
+        zone = f" (times {zone_label(tz, n.end)})"
+        lines.append(f"The night{zone}:" if len(shown) <= TEXT_ROWS_MAX else
+                     f"The night{zone}, its last {TEXT_ROWS_MAX} of {len(shown)} events (the HTML report shows up to "
+                     f"{EVENT_ROWS_MAX}):")
         for r in shown[-TEXT_ROWS_MAX:]:
-            lines.append(f"  {datetime.fromtimestamp(float(r['t']), tz):%H:%M:%S}  {event_line(r)}")
+            lines += textwrap.wrap(event_line(r), 110, initial_indent=f"  {datetime.fromtimestamp(float(r['t']), tz):%H:%M:%S}  ",
+                                   subsequent_indent=" " * 12, break_long_words=False, break_on_hyphens=False)
         lines.append("")
     return "\n".join(lines)
+
+
+def crash_text(rows: Sequence[CrashRow], tz: tzinfo) -> list[str]:
+    """The crash table for a terminal: a block per crash, each cell wrapped at spaces (never
+    inside a word), its column's name before it."""
+    names = crash_columns(tz, rows[-1].t)
+    width = max(len(name) for name in names)
+    lines = [f"Crashes ({len(rows)}):"]
+    for row in rows:
+        lines.append("")
+        for name, cell in zip(names, row.cells(), strict=True):
+            lines += textwrap.wrap(cell, 104, initial_indent=f"  {name:<{width}}  ", subsequent_indent=" " * (width + 4),
+                                   break_long_words=False, break_on_hyphens=False)
+    lines.append("")
+    return lines

@@ -21,6 +21,7 @@ from typing import Any
 
 from supervisor.core.night import Night
 from supervisor.report import ServerNight
+from supervisor.report.crashes import zone_label
 from supervisor.sinks.gpuring import Ring
 
 STATE_COLOURS = {
@@ -136,6 +137,7 @@ def draw(fig: Any, sn: ServerNight, tz: tzinfo, *, title: str) -> None:
     ax_gpu.set_ylabel("free GPU memory, GB")
     ax_gpu.grid(alpha=0.3)
     ax_gpu.set_xlim(x0, x1)
+    ax_gpu.set_xlabel(f"time ({zone_label(tz, n.end)})")
     locator = dates.AutoDateLocator(tz=tz)
     ax_gpu.xaxis.set_major_locator(locator)
     ax_gpu.xaxis.set_major_formatter(dates.ConciseDateFormatter(locator, tz=tz))

@@ -20,6 +20,7 @@ from supervisor.report import (
     unnamed_crashes,
     unnamed_when,
 )
+from supervisor.report.crashes import crash_columns, zone_label
 
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px auto; max-width: 1240px;
@@ -37,6 +38,14 @@ td.t { white-space: nowrap; font-variant-numeric: tabular-nums; color: #444; }
 tr.crash td { color: #b00; font-weight: 600; }
 img.chart { width: 100%; max-width: 1200px; border: 1px solid #eee; }
 code.line { white-space: pre-wrap; word-break: break-all; }
+table.about th { width: 11em; }
+table.about code, table.crashes code { white-space: pre-wrap; overflow-wrap: break-word; }
+table.crashes { width: 100%; table-layout: fixed; }
+table.crashes td { overflow-wrap: break-word; }
+table.crashes th:nth-child(1) { width: 6.5em; } table.crashes th:nth-child(2) { width: 6em; }
+table.crashes th:nth-child(3) { width: 3.5em; } table.crashes th:nth-child(4) { width: 15%; }
+table.crashes th:nth-child(5) { width: 14%; } table.crashes th:nth-child(7) { width: 16%; }
+table.crashes td.where, table.crashes td.evidence { font-family: ui-monospace, monospace; font-size: 0.9em; }
 pre.rule { background: #f6f8fa; border: 1px solid #ddd; padding: 6px 10px; margin: 4px 0; white-space: pre-wrap;
            word-break: break-all; }
 """
@@ -58,8 +67,14 @@ def render(nights: Sequence[ServerNight], *, tz: tzinfo, title: str, titles: Seq
         parts.append(f'<section id="server-{_e(sn.name)}">')
         if len(nights) > 1:
             parts.append(f"<h2>Server {_e(sn.name)}</h2>")
+        zone = zone_label(tz, n.end)
         parts.append(f'<p class="meta">{datetime.fromtimestamp(n.start, tz):%Y-%m-%d %H:%M} – '
-                     f"{datetime.fromtimestamp(n.end, tz):%Y-%m-%d %H:%M} · state directory {_e(sn.state_dir)}</p>")
+                     f"{datetime.fromtimestamp(n.end, tz):%Y-%m-%d %H:%M} {_e(zone)} · state directory "
+                     f"{_e(sn.state_dir)}</p>")
+        if sn.about:
+            parts.append('<table class="about">' + "".join(
+                f"<tr><th>{_e(k)}</th><td>" + (f"<code>{_e(v)}</code>" if k == "launch command" else _e(v)) + "</td></tr>"
+                for k, v in sn.about) + "</table>")
         parts.append("<h3>What to do now</h3>")
         if sn.todo:
             parts.append('<ul class="todo">' + "".join(f"<li>{_e(s)}</li>" for s in sn.todo) + "</ul>")
@@ -77,6 +92,16 @@ def render(nights: Sequence[ServerNight], *, tz: tzinfo, title: str, titles: Seq
         parts.append("<h3>Summary</h3><table>")
         parts += [f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in summary_rows(sn)]
         parts.append("</table>")
+        if sn.crashes:
+            names = crash_columns(tz, sn.crashes[-1].t)
+            classes = ("t", "server", "rank", "cause", "where", "evidence", "remedy")
+            parts.append(f"<h3>Crashes ({len(sn.crashes)})</h3>")
+            parts.append('<table class="crashes"><tr>' + "".join(f"<th>{_e(c)}</th>" for c in names) + "</tr>")
+            for row in sn.crashes:
+                parts.append('<tr class="crash-row">' + "".join(
+                    f'<td class="{cls}">{_e(cell)}</td>' for cls, cell in zip(classes, row.cells(), strict=True))
+                    + "</tr>")
+            parts.append("</table>")
         unnamed = unnamed_crashes(sn.records)
         if unnamed:
             parts.append(f'<h3>Crashes it could not name</h3><p class="meta">{_e(UNNAMED_HELP)}</p>')
@@ -87,7 +112,7 @@ def render(nights: Sequence[ServerNight], *, tz: tzinfo, title: str, titles: Seq
                 parts.append(f'<tr><td class="t">{_e(unnamed_when(u, tz))}</td><td>{_e(u.reading)}</td>'
                              f'<td><code class="line">{_e(u.line)}</code>{rule}</td></tr>')
             parts.append("</table>")
-        parts.append("<h3>The night's events</h3><table><tr><th>time</th><th>event</th></tr>")
+        parts.append(f"<h3>The night's events</h3><table><tr><th>time ({_e(zone)})</th><th>event</th></tr>")
         for r in notable(sn.records):
             cls = ' class="crash"' if r.get("kind") in ("crash", "gave_up") else ""
             parts.append(f'<tr{cls}><td class="t">{datetime.fromtimestamp(float(r["t"]), tz):%H:%M:%S}</td>'

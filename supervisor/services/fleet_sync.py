@@ -149,7 +149,7 @@ class FleetSync:
 
     async def _key(self, cfg: Config, gpus: Sequence[GpuInfo]) -> str:
         gpu_name, gpu_bytes = gpu_identity(cfg, gpus)
-        version = await self._version(cfg)
+        version = await self.version(cfg)
         s = cfg.server
         identity = fleet_identity(
             model=s.model_path, sglang_version=version, gpu_name=gpu_name, gpu_memory_bytes=gpu_bytes,
@@ -157,7 +157,7 @@ class FleetSync:
         )
         return fleet_key(identity, self.prefix)
 
-    async def _version(self, cfg: Config) -> str:
+    async def version(self, cfg: Config) -> str:
         """The SGLang version of the server's own Python, with the server's environment
         (its PYTHONPATH may pick the sglang); read once per command and environment."""
         env = server_env(cfg.server.pass_env, cfg.server.env, self._environ)

@@ -8,11 +8,13 @@ event that is not ``quiet`` (the per-probe and per-GPU-sample ones) is one line 
     {"t": 1764470531.25, "ts": "2026-11-30T02:42:11.250Z", "kind": "crash", "cause": ..., ...}
 
 ``t`` is the wall clock (epoch seconds, for the report's time axis), then the event's edge
-form (``Event.fields()``), without the launch argv (it may hold secrets and the report does
-not need it) and with evidence cut to ``EVIDENCE_LINES`` lines of ``EVIDENCE_CHARS``. A crash's
-``unrecognised`` line (what it could not name, for the report's "Crashes it could not name")
-is cut to ``EVIDENCE_CHARS`` too: like the evidence it is a line of SGLang's own log, already
-in the server log, never the argv.
+form (``Event.fields()``), with the launch argv's secrets redacted as in the log
+(``core.argv.redact_argv``: ``--api-key ***``; the report's header shows the command) and
+evidence cut to ``EVIDENCE_LINES`` lines of ``EVIDENCE_CHARS`` (the first, the one the report
+shows whole, to ``FIRST_EVIDENCE_CHARS``), each cut at a space and marked `` …``, never inside
+a word. A crash's ``unrecognised`` line (what it could not name, for the report's "Crashes it
+could not name") is cut to ``EVIDENCE_CHARS`` too: like the evidence it is a line of SGLang's
+own log, already in the server log.
 
 Bounded and rotated: when the file passes ``max_bytes`` it becomes ``journal.jsonl.1`` (the
 older ones shift up to ``.N``, ``backups`` of them; the oldest is deleted). With the defaults
@@ -34,14 +36,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from supervisor.core.argv import redact_argv
 from supervisor.core.events import Event
 from supervisor.core.model import rfc3339
 
 JOURNAL = "journal.jsonl"
 EVIDENCE_LINES = 8
 EVIDENCE_CHARS = 500  # each evidence line, the unrecognised line and the basis are cut to this
+FIRST_EVIDENCE_CHARS = 2000  # the evidence line itself (a CUDA OOM's is ~700 characters)
 LINE_MAX_CHARS = 8192  # one runaway field must not fill the journal
-DROP_FIELDS = ("argv",)  # secrets (--api-key ...), and the report does not need it
 
 
 def journal_paths(state_dir: str | os.PathLike[str], backups: int = 64) -> list[Path]:
@@ -51,17 +54,28 @@ def journal_paths(state_dir: str | os.PathLike[str], backups: int = 64) -> list[
     return [p for p in older if p.exists()] + ([base] if base.exists() else [])
 
 
+def clip(text: str, limit: int) -> str:
+    """``text`` if it fits in ``limit`` characters, else cut at the last space before it,
+    with `` …`` (a single word longer than that is cut where it must)."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit - 2]
+    head = cut.rsplit(" ", 1)[0] if " " in cut.strip() else cut
+    return head.rstrip() + " …"
+
+
 def journal_line(event: Event, t: float) -> str:
     """One journal line (with its newline) for ``event`` at wall time ``t``."""
     fields = event.fields()
-    for name in DROP_FIELDS:
-        fields.pop(name, None)
+    if isinstance(fields.get("argv"), list):
+        fields["argv"] = redact_argv([str(a) for a in fields["argv"]])
     for name in ("evidence", "log_evidence"):
         if isinstance(fields.get(name), list):
-            fields[name] = [str(line)[:EVIDENCE_CHARS] for line in fields[name][:EVIDENCE_LINES]]
+            fields[name] = [clip(str(line), FIRST_EVIDENCE_CHARS if k == 0 else EVIDENCE_CHARS)
+                            for k, line in enumerate(fields[name][:EVIDENCE_LINES])]
     for name in ("unrecognised", "basis"):  # one line of SGLang's log, or what a reading rests on
         if isinstance(fields.get(name), str):
-            fields[name] = fields[name][:EVIDENCE_CHARS]
+            fields[name] = clip(fields[name], EVIDENCE_CHARS)
     ts = rfc3339(t)
     line = json.dumps({"t": round(t, 3), "ts": ts, "kind": event.kind, **fields}, default=str, ensure_ascii=False,
                       separators=(",", ":"))

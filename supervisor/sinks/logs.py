@@ -14,7 +14,10 @@ from typing import IO, TextIO, cast
 import structlog
 from structlog.typing import EventDict, FilteringBoundLogger, Processor, WrappedLogger
 
+from supervisor.core.argv import SECRET_FLAGS, redact_argv
 from supervisor.core.events import Event
+
+__all__ = ["SECRET_FLAGS", "LogSink", "configure", "redact_argv"]
 
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 EVENT_LEVELS = {
@@ -34,27 +37,6 @@ EVENT_LEVELS = {
     "server_log_write_failed": "warning",
     "fleet_error": "warning",
 }
-SECRET_FLAGS = ("--api-key", "--admin-api-key", "--hf-token", "--token", "--password")
-
-
-def redact_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
-    """argv with the values of secret-bearing flags replaced by ``***``."""
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append("***")
-            hide_next = False
-            continue
-        flag, eq, _ = arg.partition("=")
-        if flag in SECRET_FLAGS:
-            out.append(f"{flag}=***" if eq else arg)
-            hide_next = not eq
-            continue
-        out.append(arg)
-    return out
-
-
 def _add_monotonic(_logger: WrappedLogger, _name: str, event_dict: EventDict) -> EventDict:
     event_dict.setdefault("mono", round(time.monotonic(), 6))
     return event_dict

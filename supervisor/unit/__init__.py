@@ -202,7 +202,9 @@ class ServerUnit:
                 self._answer(self.prep.run(self.cfg, fraction), "prepare")
             case Launch() as launch:
                 run = life.begin(launch)
-                spawning = self._answer(life.launch(run, launch), "launch", run.tasks)
+                prep = self.prep
+                about = (prep.gpu_names, prep.sglang_version) if prep is not None else ((), "")
+                spawning = self._answer(life.launch(run, launch, about=about), "launch", run.tasks)
                 spawning.add_done_callback(lambda _task: run.spawned.set())
             case Probe(read_kv=read_kv):
                 starting = self.core is not None and self.core.state is State.STARTING

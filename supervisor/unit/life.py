@@ -142,7 +142,10 @@ class ServerLife:
         self.run = LaunchLife(self.tasks.child(f"launch-{launch.attempt}"), uuid.uuid4().hex[:16])
         return self.run
 
-    async def launch(self, run: LaunchLife, launch: Launch) -> Launched | LaunchFailed:
+    async def launch(self, run: LaunchLife, launch: Launch, *,
+                     about: tuple[tuple[str, ...], str] = ((), "")) -> Launched | LaunchFailed:
+        """Spawn the server; ``about``: (its GPUs' names, its SGLang version), for the
+        ``launch`` event (the report's header)."""
         cfg = self.cfg
         state_dir = Path(cfg.state.dir)
         log = self.p.open_log(
@@ -171,6 +174,7 @@ class ServerLife:
         self._emit(ev.ServerLaunched(
             argv=tuple(launch.argv), mem_fraction_static=launch.fraction, hicache_size_gb=launch.hicache_size_gb,
             attempt=launch.attempt, pid=server.pid, rung=launch.rung, launch_id=run.nonce,
+            gpus=about[0], sglang_version=about[1],
         ))
         run.tasks.spawn(self._watched(run, server), "watch")
         return Launched(server.pid)

@@ -17,6 +17,7 @@ from supervisor.adapters.ports import GpuInfo, GpuProbeError, StaleReport, UnitP
 from supervisor.core import events as ev
 from supervisor.core.config import Config
 from supervisor.core.messages import Event, Finding, Prepared, PrepareFailed
+from supervisor.core.ownership import server_env
 from supervisor.services import release
 from supervisor.unit.handover import HandOver
 
@@ -40,6 +41,12 @@ class Preparation:
         self.fleet = fleet
         self._emit = emit
         self.log = log
+        # What the next launch runs on (its ``launch`` event says it): the GPUs' names from
+        # the last sample that saw some, and the server's SGLang version, read once per
+        # command and environment.
+        self.gpu_names: tuple[str, ...] = ()
+        self.sglang_version = ""
+        self._versions: dict[tuple[tuple[str, ...], tuple[tuple[str, str], ...]], str] = {}
 
     async def run(self, cfg: Config, fraction: float | None) -> list[Event]:
         """Clear our old servers off the GPUs, wait for memory, run preflight (``fraction``:
@@ -54,6 +61,9 @@ class Preparation:
 
     async def _run(self, cfg: Config, fraction: float | None) -> list[Event]:
         gpus = await self._sample_or_none()
+        if gpus:
+            self.gpu_names = tuple(" ".join(g.name.split()) or "unknown GPU" for g in gpus)
+        self.sglang_version = await self._version(cfg)
         holders = {p.pid: (g.index, p.used_bytes) for g in gpus for p in g.processes}
         handover = self.handover
         report = await self._find_stale(cfg, list(holders))
@@ -121,6 +131,26 @@ class Preparation:
             instance=self.instance_id,
             recorded_tree=recorded.tree,
         )
+
+    async def _version(self, cfg: Config) -> str:
+        """The server's SGLang version, or "" (no reader, or it could not be read: the report
+        says so); with ``[fleet]`` the fleet's own read, so it runs once."""
+        if self.fleet is not None:
+            try:
+                return await self.fleet.version(cfg)
+            except Exception:  # noqa: BLE001 - the fleet's key says why in its own fleet_error
+                return ""
+        read = self.p.sglang_version
+        if read is None:
+            return ""
+        env = server_env(cfg.server.pass_env, cfg.server.env, self.p.environ)
+        key = (tuple(cfg.server.command), tuple(sorted(env.items())))
+        if key not in self._versions:
+            try:
+                self._versions[key] = await asyncio.to_thread(read, cfg.server.command, env)
+            except Exception:  # noqa: BLE001 - VersionError or a probe that could not run: not a reason to stop
+                self._versions[key] = ""
+        return self._versions[key]
 
     async def _sample_or_none(self) -> list[GpuInfo]:
         try:

@@ -32,6 +32,11 @@ class ServerLaunched(Event):
     pid: int
     rung: int | None
     launch_id: str
+    # What it runs on, for the report's header: the GPUs' names as the probe saw them before
+    # the launch (one per GPU; none with backend "none" or a probe that failed), and the
+    # SGLang version of the server's Python ("" when it could not be read).
+    gpus: tuple[str, ...] = ()
+    sglang_version: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
