@@ -488,8 +488,11 @@ def test_shipped_example_passes_check_config(tmp_path: Path, capsys: pytest.Capt
 
 
 def test_demo_config_loads(tmp_path: Path) -> None:
-    """etc/demo.toml is valid and runs the simulator on the simulated GPU backend."""
-    cfg = load_config(_shipped(tmp_path, "demo.toml"))
+    """supervisor/sim/demo.toml is valid and runs the simulator on the simulated GPU backend."""
+    copy = tmp_path / "demo.toml"
+    shutil.copyfile(REPO / "supervisor" / "sim" / "demo.toml", copy)
+    copy.chmod(0o644)
+    cfg = load_config(copy)
     assert cfg.gpu.backend == "simulated"
     assert cfg.server.command[1:3] == ("-m", "supervisor.sim.simulator")
     assert not cfg.mqtt.enabled
