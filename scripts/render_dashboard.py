@@ -59,7 +59,7 @@ from tests.conftest import free_port  # noqa: E402
 from tests.prom import PrometheusServer  # noqa: E402  (a real Prometheus, as the e2e tests start it)
 
 DASHBOARD = REPO / "etc" / "grafana" / "sglang-supervisor.json"
-DEMO_SERVER = "demo"  # the demo's server: its config is etc/demo.toml, so its name is "demo"
+DEMO_SERVER = "demo"  # the demo's server: its config is supervisor/sim/demo.toml, so its name is "demo"
 DEFAULT_OUT = REPO / "docs" / "dashboard.png"
 DEFAULT_SCRAPE_S = 0.1  # the demo's first READY lasts ~0.15 s: a 1 s scrape misses it
 MARGIN_S = 3  # seconds of window before the demo starts and after it ends

@@ -6,3 +6,8 @@ Layers, each importing only those below it (enforced by import-linter, ``pyproje
 """
 
 __version__ = "0.1.0"
+
+# The SGLang release the project is tested against (the real tier, scripts/setup-real-sglang):
+# `preflight` warns about any other, and the [sglang] extra pins it (pyproject.toml;
+# tests/test_preflight.py holds the pin and the setup script's default to this).
+TESTED_SGLANG = "0.5.23"

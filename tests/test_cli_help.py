@@ -3,8 +3,10 @@ and every command's ``--help`` shows an example; a bad command is one line and e
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +54,43 @@ def test_fleet_actions_help_shows_an_example(action: str) -> None:
     result = cli("fleet", action, "--help")
     assert result.returncode == 0, result.stderr
     assert f"sglang-supervisor fleet {action} --config" in result.stdout.split("Example:\n", 1)[1]
+
+
+def _config_commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every (sub)command of ``parser`` that takes a required ``--config``."""
+    found: list[tuple[str, ...]] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += _config_commands(sub, (*prefix, name))
+        elif "--config" in action.option_strings and action.required:
+            found.append(prefix)
+    return found
+
+
+def test_every_command_that_reads_a_config_takes_set() -> None:
+    """``--set SECTION.KEY=VALUE`` on every command that reads a config (restart and fleet once
+    lacked it), and each of them hands it to the config it loads."""
+    from supervisor.cli import build_parser
+
+    parser = build_parser()
+    commands = _config_commands(parser)
+    assert {c[0] for c in commands} >= {"run", "check-config", "status", "restart", "preflight", "drill", "fleet",
+                                        "report"}
+    for command in commands:
+        extra = ["--all"] if command == ("fleet", "reset") else []
+        args = parser.parse_args([*command, "--config", "c.toml", "--set", "state.dir=/x", "--set", "server.port=1",
+                                  *extra])
+        assert args.overrides == ["state.dir=/x", "server.port=1"], command
+
+
+def test_restart_reads_the_state_dir_given_by_set(tmp_path: Path) -> None:
+    """``restart --set state.dir=D`` looks for the daemon's control socket in D (no daemon there:
+    one line naming it, not the config file's state directory)."""
+    config = tmp_path / "c.toml"
+    config.write_text('[server]\nmodel_path = "m"\n[state]\ndir = "/nonexistent/elsewhere"\n')
+    config.chmod(0o644)
+    result = cli("restart", "--config", str(config), "--set", f"state.dir={tmp_path / 'state'}", "--no-wait")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert str(tmp_path / "state") in result.stderr and "/nonexistent/elsewhere" not in result.stderr
+    assert result.stderr.count("\n") == 1

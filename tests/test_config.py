@@ -254,6 +254,63 @@ def test_mqtt_username_needs_a_password_file() -> None:
 
 
 @pytest.mark.parametrize(
+    ("host", "words"),
+    [("mqtt://broker.internal:1883", 'without a scheme ("mqtt://")'),
+     ("broker.internal:1883", "the port goes in port (host = 'broker.internal', port = 1883)"),
+     ("broker internal", "no spaces"), ("broker/alerts", "no path")],
+)
+def test_mqtt_host_is_a_bare_host(host: str, words: str) -> None:
+    """A URL or HOST:PORT in [mqtt] host is refused, saying where the port goes."""
+    message = rejects(with_key("mqtt", "host", f'"{host}"'))
+    assert f"[mqtt] host = {host!r}: must be" in message and words in message
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1", "fd00::10", "localhost", "mqtt.corp.internal", "examples.net"])
+def test_mqtt_host_accepts_names_and_addresses(host: str) -> None:
+    """Names, IPv4 and IPv6 addresses (colons and all), and localhost are hosts."""
+    assert parse(with_key("mqtt", "host", f'"{host}"') + "enabled = true\n").mqtt.host == host
+
+
+@pytest.mark.parametrize(
+    "host", ["broker.example", "mqtt.internal.example", "example.com", "mqtt.example.org", "EXAMPLE.NET.",
+             "broker.test", "x.invalid"],
+)
+def test_mqtt_placeholder_host_is_refused_when_enabled(host: str) -> None:
+    """A name reserved for examples (RFC 2606/6761) with MQTT on is a sample left in: refused,
+    naming the family; with MQTT off it is left alone."""
+    message = rejects(with_key("mqtt", "host", f'"{host}"') + "enabled = true\n")
+    assert "a placeholder" in message and "RFC 2606/6761" in message and "enabled = false" in message
+    assert parse(with_key("mqtt", "host", f'"{host}"')).mqtt.host == host
+
+
+def _mqtt_on(tmp_path: Path, password_file: Path) -> Path:
+    return write(tmp_path / "m.toml", f'[server]\n{MODEL}\n[mqtt]\nenabled = true\nhost = "10.0.0.5"\n'
+                                      f'username = "u"\npassword_file = "{password_file}"\n')
+
+
+def test_mqtt_password_file_must_exist(tmp_path: Path) -> None:
+    """A password file that is not there is refused at check-config, not at the first alert."""
+    missing = tmp_path / "nope.pw"
+    with pytest.raises(ConfigError) as info:
+        load_config(_mqtt_on(tmp_path, missing))
+    assert str(info.value) == (f"{tmp_path / 'm.toml'}: [mqtt] password_file = {str(missing)!r}: "
+                               "cannot read it: No such file or directory")
+
+
+@pytest.mark.parametrize(("mode", "refused"), [(0o644, True), (0o604, True), (0o640, False), (0o600, False)])
+def test_mqtt_password_file_readable_by_others_is_refused(tmp_path: Path, mode: int, refused: bool) -> None:
+    """Others may not read the broker's password; the group may (the service's group)."""
+    pw = write(tmp_path / "mqtt.pw", "hunter2\n", mode)
+    if not refused:
+        assert load_config(_mqtt_on(tmp_path, pw)).mqtt.password_file == str(pw)
+        return
+    with pytest.raises(ConfigError) as info:
+        load_config(_mqtt_on(tmp_path, pw))
+    assert f"readable by others (mode {mode:04o})" in str(info.value) and f"chmod o-r {pw}" in str(info.value)
+    assert "hunter2" not in str(info.value)
+
+
+@pytest.mark.parametrize(
     "arg",
     ["--mem-fraction-static", "--mem-fraction-static=0.9", "--mem-frac", "--tp", "--tp-size",
      "--tensor-parallel-size=8", "--dp", "--port", "--host=0.0.0.0", "--model", "--hicache-size",
@@ -413,12 +470,29 @@ def test_example_config_loads(tmp_path: Path) -> None:
     assert cfg.policy.fraction_ladder == DEFAULT_LADDER
     assert cfg.health.timeout_s > 20  # above SGLang's own /health timeout
     assert cfg.metrics.listen.startswith("127.0.0.1:")
-    assert cfg.mqtt.enabled and cfg.mqtt.password_file and cfg.mqtt.tls
+    assert not cfg.mqtt.enabled  # shipped off: its broker is the user's to name (commented lines say how)
+
+
+def test_shipped_example_passes_check_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`check-config` on the shipped example as it is: exit 0, "ok"; turned on as its comments
+    show but with the sample's placeholder host left in: one line, exit 2."""
+    from supervisor.cli import main
+
+    example = _shipped(tmp_path, "supervisor.example.toml")
+    assert main(["check-config", "--config", str(example)]) == 0
+    assert capsys.readouterr().out.strip() == f"{example}: ok"
+    assert main(["check-config", "--config", str(example), "--set", "mqtt.enabled=true",
+                 "--set", 'mqtt.host="mqtt.internal.example"']) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "[mqtt] host = 'mqtt.internal.example': a placeholder" in err
 
 
 def test_demo_config_loads(tmp_path: Path) -> None:
-    """etc/demo.toml is valid and runs the simulator on the simulated GPU backend."""
-    cfg = load_config(_shipped(tmp_path, "demo.toml"))
+    """supervisor/sim/demo.toml is valid and runs the simulator on the simulated GPU backend."""
+    copy = tmp_path / "demo.toml"
+    shutil.copyfile(REPO / "supervisor" / "sim" / "demo.toml", copy)
+    copy.chmod(0o644)
+    cfg = load_config(copy)
     assert cfg.gpu.backend == "simulated"
     assert cfg.server.command[1:3] == ("-m", "supervisor.sim.simulator")
     assert not cfg.mqtt.enabled

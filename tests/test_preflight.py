@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import socket
+import sys
+import tomllib
 from pathlib import Path
 
 import psutil
@@ -12,6 +14,7 @@ import pytest
 from conftest import free_port
 from test_cleanup import Spawn, spawn  # noqa: F401 - the fixture, shared rather than copied
 
+from supervisor import TESTED_SGLANG
 from supervisor.adapters.cleanup import listeners
 from supervisor.adapters.ports import GpuProbeError
 from supervisor.cli.preflight import add_arguments, run
@@ -32,6 +35,7 @@ from supervisor.services.preflight import (
 from supervisor.sim import simgpu
 from supervisor.sim.gpuprobe import SimulatedProbe
 
+REPO = Path(__file__).resolve().parent.parent
 SEED_HOST_AVAILABLE = 449 * GB
 SEED_HOST_TOTAL = 503 * GB
 
@@ -167,13 +171,100 @@ def _args(*argv: str) -> argparse.Namespace:
     return p.parse_args(list(argv))
 
 
+def fake_python(where: Path, sglang: str | None) -> Path:
+    """An executable ``python`` in ``where`` that is this interpreter with a ``sglang``
+    distribution of version ``sglang`` in its metadata (None: no sglang at all)."""
+    where.mkdir(parents=True, exist_ok=True)
+    site = where / "site"
+    if sglang is not None:
+        info = site / f"sglang-{sglang}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: sglang\nVersion: {sglang}\n")
+    python = where / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    return python
+
+
+def _cmd(python: Path | str) -> tuple[str, ...]:
+    return (str(python), "-m", "sglang.launch_server")
+
+
 def test_cli_passes_and_prints_a_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`preflight` prints one table line per check and exits 0 when everything passes."""
-    cfg = _config(tmp_path, gpus=1, model_path="moonshotai/Kimi-K2.5")
+    python = fake_python(tmp_path / "venv", TESTED_SGLANG)
+    cfg = _config(tmp_path, gpus=1, model_path="moonshotai/Kimi-K2.5", command=_cmd(python))
     assert run(_args(), cfg) == 0
     out = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in out[1:]] == ["gpu_count", "host_ram", "port", "model_path"]
+    assert [line.split()[0] for line in out[1:]] == ["gpu_count", "host_ram", "port", "model_path",
+                                                     "server_command", "sglang"]
     assert all(line.split()[1] == "ok" for line in out[1:])
+    assert out[-1].split(None, 2)[2] == f"SGLang {TESTED_SGLANG} (the release tested)"
+
+
+def _checks(cfg: Config, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, dict[str, object]]]:
+    code = run(_args("--json"), cfg)
+    return code, {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+
+
+@pytest.mark.parametrize(
+    ("command", "words"),
+    [(("/nonexistent/venv/bin/python", "-m", "sglang.launch_server"), "/nonexistent/venv/bin/python: does not exist"),
+     (("no-such-sglang-launcher-here",), "no-such-sglang-launcher-here: is not on PATH")],
+)
+def test_cli_fails_on_a_server_command_that_is_not_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: tuple[str, ...], words: str,
+) -> None:
+    """A command that does not exist (a path) or is not on PATH (a name) fails, permanently,
+    and its SGLang is not asked for."""
+    code, checks = _checks(_config(tmp_path, gpus=1, command=command), capsys)
+    assert code == 1
+    assert checks["server_command"]["ok"] is False and checks["server_command"]["permanent"] is True
+    assert checks["server_command"]["detail"] == f"[server] command {words}"
+    assert "sglang" not in checks
+
+
+def test_cli_fails_on_a_server_command_that_is_not_executable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A command file without the execute bit fails, naming the file."""
+    python = fake_python(tmp_path / "venv", TESTED_SGLANG)
+    python.chmod(0o644)
+    code, checks = _checks(_config(tmp_path, gpus=1, command=_cmd(python)), capsys)
+    assert code == 1 and checks["server_command"]["detail"] == f"[server] command {python}: not an executable file"
+
+
+def test_cli_fails_when_the_server_python_has_no_sglang(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The command's Python cannot import sglang's metadata: a permanent failure naming that Python."""
+    python = fake_python(tmp_path / "venv", None)
+    code, checks = _checks(_config(tmp_path, gpus=1, command=_cmd(python)), capsys)
+    assert code == 1 and checks["server_command"]["ok"] is True
+    assert checks["sglang"] == {"name": "sglang", "ok": False, "detail": f"sglang is not installed for {python}",
+                                "permanent": True, "warning": False}
+
+
+def test_cli_warns_about_an_sglang_release_not_tested(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Another SGLang release passes with a warning that names the tested one."""
+    python = fake_python(tmp_path / "venv", "0.5.20")
+    cfg = _config(tmp_path, gpus=1, model_path="moonshotai/Kimi-K2.5", command=_cmd(python))
+    assert run(_args(), cfg) == 0
+    row = capsys.readouterr().out.splitlines()[-1].split(None, 2)
+    assert row[:2] == ["sglang", "warn"]
+    assert row[2].startswith(f"SGLang 0.5.20: not the release tested with this supervisor ({TESTED_SGLANG})")
+
+
+def test_cli_does_not_ask_a_simulator_for_sglang(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A ``python -m`` command whose module is not SGLang's (the simulator) is not asked for SGLang."""
+    cfg = _config(tmp_path, gpus=1, command=(sys.executable, "-m", "supervisor.sim.simulator"))
+    code, checks = _checks(cfg, capsys)
+    assert checks["sglang"]["ok"] is True
+    assert checks["sglang"]["detail"] == "not checked: the command runs supervisor.sim.simulator, not SGLang's module"
+
+
+def test_the_tested_sglang_is_the_pin_and_the_real_tiers_default() -> None:
+    """TESTED_SGLANG is the one version: the [sglang] extra pins it and the real tier's setup
+    installs it by default."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["sglang"] == [f"sglang=={TESTED_SGLANG}"]
+    assert f'VERSION="${{SGLANG_VERSION:-{TESTED_SGLANG}}}"' in (REPO / "scripts" / "setup-real-sglang").read_text()
 
 
 def test_cli_json_fails_on_hicache_arithmetic(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -194,7 +285,7 @@ def test_cli_port_held_by_our_stale_server_passes(
     not fail preflight: it is cleared before launch."""
     from supervisor.adapters.cleanup import instance_id
 
-    cfg = _config(tmp_path, gpus=1)
+    cfg = _config(tmp_path, gpus=1, command=_cmd(fake_python(tmp_path / "venv", TESTED_SGLANG)))
     stale = spawn("", port=cfg.server.port, mark=instance_id(cfg.state.dir))
     assert run(_args("--json"), cfg) == 0
     port = next(c for c in json.loads(capsys.readouterr().out)["checks"] if c["name"] == "port")

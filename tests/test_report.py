@@ -86,7 +86,7 @@ def test_the_demo_nights_report_in_a_real_browser(tmp_path, no_leftovers):
     demo = subprocess.run(
         [sys.executable, "-m", "supervisor.cli", "demo", "--hold", "10", "--set", f"server.port={free_port()}",
          "--set", "metrics.enabled=false", "--set", f'server.env={{SGLANG_SUPERVISOR_TEST_ID="{no_leftovers}", '
-         'SGLANG_PYSPY_DUMP_BEFORE_CRASH="0", SGLANG_CUDA_COREDUMP_BEFORE_CRASH="0"}'],  # as etc/demo.toml has
+         'SGLANG_PYSPY_DUMP_BEFORE_CRASH="0", SGLANG_CUDA_COREDUMP_BEFORE_CRASH="0"}'],  # as supervisor/sim/demo.toml has
         capture_output=True, text=True, cwd=REPO, timeout=300, env={**os.environ, "TMPDIR": str(tmp_path)},
     )
     assert demo.returncode == 0, demo.stdout + demo.stderr
@@ -95,7 +95,7 @@ def test_the_demo_nights_report_in_a_real_browser(tmp_path, no_leftovers):
     own = re.search(r"^the night's report: (\S+)$", demo.stdout, re.M)
     assert own and Path(own.group(1)).read_text().startswith("<!DOCTYPE html>"), demo.stdout
     page = tmp_path / "report.html"
-    r = run_cli("report", "--config", str(REPO / "etc" / "demo.toml"), "--set", f"state.dir={state_dir}",
+    r = run_cli("report", "--config", str(REPO / "supervisor" / "sim" / "demo.toml"), "--set", f"state.dir={state_dir}",
                 "--set", f"gpu.sim_dir={tmp_path / 'gpus'}", "--since", "1h", "-o", str(page))
     assert r.returncode == 0, r.stderr
     assert Path(r.stdout.strip()) == page.resolve()

@@ -167,12 +167,14 @@ class ProbeOutcome:
 
 @dataclass(frozen=True, slots=True)
 class Check:
-    """One preflight check: its verdict, a one-line detail, and whether waiting can change it."""
+    """One preflight check: its verdict, a one-line detail, and whether waiting can change it.
+    ``warning``: passed, but with something to look at (an SGLang release not tested)."""
 
     name: str
     ok: bool
     detail: str
     permanent: bool = False
+    warning: bool = False
 
 
 class StoreError(Exception):

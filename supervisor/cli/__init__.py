@@ -46,6 +46,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_config(p: argparse.ArgumentParser, *, overrides: bool = True) -> None:
+    """``--config`` and ``--set``: every command that reads a config takes both, so that what
+    ``run --set`` changed (a state directory, a port) is read back the same way."""
     p.add_argument("--config", "-c", required=True, help="the TOML config file")
     if overrides:
         p.add_argument(
@@ -160,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
         "flags, then wait until it is READY (and back in the router) again. With several servers it "
         "does so one at a time, and takes one down only while another serves; --server restarts one.",
     )
-    _add_config(p, overrides=False)
+    _add_config(p)
     p.add_argument("--server", metavar="NAME", help="restart only this server (default: all, one at a time)")
     p.add_argument("--no-wait", action="store_true", help="return once the daemon has accepted the request")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for READY (default 3600)")

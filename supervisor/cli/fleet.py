@@ -31,7 +31,7 @@ def add_arguments(sub: Any, command: Callable[..., argparse.ArgumentParser], add
         sub, "list", "every fleet-memory record: key, lowest fraction, OOMs with when and where",
         f"sglang-supervisor fleet list --config {config_example} --json",
     )
-    add_config(p, overrides=False)
+    add_config(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p = command(
         sub, "reset", "delete a fleet-memory record (--key) or every record under [fleet] prefix (--all)",
@@ -39,7 +39,7 @@ def add_arguments(sub: Any, command: Callable[..., argparse.ArgumentParser], add
         "Delete fleet-memory records: the next launch of that configuration anywhere in the fleet starts "
         "on its own rung again (a daemon keeps the rung it already learned, in its own state).",
     )
-    add_config(p, overrides=False)
+    add_config(p)
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--key", metavar="KEY", help="the record's key, as fleet list prints it")
     which.add_argument("--all", action="store_true", help="every record under [fleet] prefix")

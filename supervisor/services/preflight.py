@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import shutil
 import socket
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,10 @@ from supervisor.core.config import Config, ServerConfig
 from supervisor.core.ownership import recorded_server
 
 GB = 10**9
+
+VersionReader = Callable[[Sequence[str]], tuple[str | None, str]]
+"""The SGLang version the server command's Python has installed: ``(version, "")``, or
+``(None, why)`` in one line (``adapters.versions``, handed in by the CLI)."""
 
 Listeners = Callable[[int], Collection[int]]
 """Pids listening on a TCP port (blocking; ``Cleanup.listeners``)."""
@@ -139,6 +144,35 @@ def check_model_path(model_path: str, exists: bool) -> Check:
     return Check("model_path", True, f"{model_path} is a Hugging Face id (not checked here)")
 
 
+def check_server_command(argv0: str, resolved: str | None, executable: bool) -> Check:
+    """``[server] command``'s first word, found on PATH (or as a path), is an executable file."""
+    if not argv0:
+        return Check("server_command", False, "[server] command is empty", permanent=True)
+    if resolved is None:
+        where = "does not exist" if os.sep in argv0 else "is not on PATH"
+        return Check("server_command", False, f"[server] command {argv0}: {where}", permanent=True)
+    if not executable:
+        return Check("server_command", False, f"[server] command {resolved}: not an executable file", permanent=True)
+    shown = resolved if resolved == argv0 else f"{argv0} ({resolved})"
+    return Check("server_command", True, f"{shown} is executable")
+
+
+def sglang_module(command: Sequence[str]) -> str | None:
+    """The module a ``python -m MODULE`` command runs, or None for a console script."""
+    args = list(command)
+    return args[args.index("-m") + 1] if "-m" in args[1:-1] else None
+
+
+def check_sglang_version(version: str | None, error: str, tested: str) -> Check:
+    """The server's Python has SGLang; a release other than the tested one is a warning naming it."""
+    if version is None:
+        return Check("sglang", False, error, permanent=True)
+    if version != tested:
+        return Check("sglang", True, f"SGLang {version}: not the release tested with this supervisor "
+                                     f"({tested}); crash words it relies on may differ", warning=True)
+    return Check("sglang", True, f"SGLang {version} (the release tested)")
+
+
 def ranks_on_host(server: ServerConfig) -> int:
     """Scheduler processes on this node: tp × dp divided over ``--nnodes`` (from extra_args)."""
     nnodes = 1
@@ -170,11 +204,15 @@ def failed_fields(checks: Sequence[Check]) -> dict[str, Any]:
     }
 
 
+def _verdict(c: Check) -> str:
+    return "FAIL" if not c.ok else "warn" if c.warning else "ok"
+
+
 def format_table(checks: Sequence[Check]) -> str:
     """The checks as an aligned text table, one line each."""
     width = max([len("CHECK"), *(len(c.name) for c in checks)])
     lines = [f"{'CHECK':<{width}}  RESULT  DETAIL"]
-    lines += [f"{c.name:<{width}}  {'ok' if c.ok else 'FAIL':<6}  {c.detail}" for c in checks]
+    lines += [f"{c.name:<{width}}  {_verdict(c):<6}  {c.detail}" for c in checks]
     failed = [c for c in checks if not c.ok]
     if failed:
         permanent = sum(c.permanent for c in failed)
@@ -272,10 +310,36 @@ async def run_preflight(
     ]
 
 
-async def cli_checks(cfg: Config, probe: GpuProbe, *, cleanup: Cleanup, read_state: StateReader) -> list[Check]:
+def _command_facts(command: Sequence[str]) -> tuple[str, str | None, bool]:
+    argv0 = command[0] if command else ""
+    resolved = (argv0 if Path(argv0).exists() else None) if os.sep in argv0 else shutil.which(argv0)
+    executable = resolved is not None and Path(resolved).is_file() and os.access(resolved, os.X_OK)
+    return argv0, resolved, executable
+
+
+async def command_checks(cfg: Config, read_version: VersionReader, tested: str) -> list[Check]:
+    """The server command exists and is executable; its Python has SGLang, of the tested release.
+    A ``python -m MODULE`` command whose module is not SGLang's (a simulator, a wrapper) is not
+    asked for SGLang."""
+    argv0, resolved, executable = _command_facts(cfg.server.command)
+    command = check_server_command(argv0, resolved, executable)
+    if not command.ok:
+        return [command]
+    module = sglang_module(cfg.server.command)
+    if module is not None and module.split(".")[0] != "sglang":
+        return [command, Check("sglang", True, f"not checked: the command runs {module}, not SGLang's module")]
+    version, error = await asyncio.to_thread(read_version, cfg.server.command)
+    return [command, check_sglang_version(version, error, tested)]
+
+
+async def cli_checks(
+    cfg: Config, probe: GpuProbe, *, cleanup: Cleanup, read_state: StateReader,
+    read_version: VersionReader | None = None, tested: str = "",
+) -> list[Check]:
     """The checks as ``sglang-supervisor preflight`` runs them: our own stale servers (found
     as before a launch, through ``cleanup``, from the state ``read_state`` reads) do not fail
-    the port check. Closes ``probe``."""
+    the port check; with ``read_version``, the server command and its SGLang (against
+    ``tested``) are checked too. Closes ``probe``."""
     try:
         try:
             gpu_pids = {p.pid for g in await probe.sample() for p in g.processes}
@@ -287,7 +351,10 @@ async def cli_checks(cfg: Config, probe: GpuProbe, *, cleanup: Cleanup, read_sta
         stale = await asyncio.to_thread(lambda: cleanup.find_stale(
             gpu_pids=gpu_pids, own_pid=os.getpid(), port=cfg.server.port, instance=instance, **recorded,
         ))
-        return await run_preflight(cfg, probe, listeners=cleanup.listeners, stale_pids={p.pid for p in stale.ours})
+        checks = await run_preflight(cfg, probe, listeners=cleanup.listeners, stale_pids={p.pid for p in stale.ours})
+        if read_version is not None:
+            checks += await command_checks(cfg, read_version, tested)
+        return checks
     finally:
         await probe.aclose()
 

@@ -15,26 +15,35 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import errno
+import json
+import os
+import socket
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from supervisor.aio import within
-from supervisor.core.config import Config, load_config
+from supervisor.core.config import Config, ConfigError, load_config, parse_override
 from supervisor.core.events import Event
 
 if TYPE_CHECKING:  # loadgen (aiohttp) is imported only when the demo runs
     from supervisor.sim.loadgen import LoadResult
 
-DEMO_CONFIG = Path(__file__).resolve().parents[2] / "etc" / "demo.toml"
+DEMO_CONFIG = Path(__file__).resolve().parent / "demo.toml"  # package data: in the wheel too
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", default=str(DEMO_CONFIG), help="demo config (default: etc/demo.toml)")
+    p.add_argument("--config", "-c", default=str(DEMO_CONFIG), help="demo config (default: supervisor/sim/demo.toml)")
     p.add_argument("--scenario", choices=("oom", "preempt"), default="oom")
+    p.add_argument("--port", type=int, metavar="N",
+                   help="the simulated SGLang's port (default: a free one; or --set server.port=N)")
+    p.add_argument("--metrics-port", type=int, metavar="N",
+                   help="the metrics endpoint's port (default: a free one; or --set metrics.listen=HOST:N)")
     p.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
         help="override a config key; the value is read as TOML (a bare word is a string)",
@@ -97,13 +106,34 @@ class Timeline:
             self._say(f"recovered from {f['cause']} at {f['mem_fraction_static']:g}")
         elif event == "gave_up":
             self._say(f"GAVE UP: {f['reason']}")
+        elif event == "preflight_failed":
+            for check in f["checks"]:
+                if not check["ok"]:
+                    self._say(f"preflight failed: {check['name']}: {check['detail']}")
+        elif event == "preflight_retry":
+            self._say(f"retrying in {f['delay_s']:.1f} s ({f['cause']}: {f['detail']})")
 
     def count(self, event: str, **match: Any) -> int:
         return sum(1 for e, f in self.events if e == event and all(f.get(k) == v for k, v in match.items()))
 
 
-def demo_config(args: argparse.Namespace, workdir: Path) -> Config:
-    """The demo's config: etc/demo.toml, the scenario's settings, then the user's --set."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on now (the kernel's pick), so that demos run side by side."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _given(overrides: list[str], key: str) -> bool:
+    return any(item.split("=", 1)[0].strip() == key for item in overrides)
+
+
+def _local(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
+def demo_overrides(args: argparse.Namespace, data: dict[str, Any], workdir: Path) -> list[str]:
+    """The scenario's settings, the ports (the user's, else free ones), then the user's --set."""
     action = "step_down" if args.scenario == "preempt" else "warn"
     base = [
         f"state.dir={workdir / 'state'}",
@@ -112,7 +142,67 @@ def demo_config(args: argparse.Namespace, workdir: Path) -> Config:
         "report.gpu_sample_s=1",  # the morning report of a two-minute night: one GPU record a second
         "report.keep_days=1",
     ]
-    cfg = load_config(args.config, [*base, *args.overrides])
+    server_host = _local(str(data.get("server", {}).get("host", "127.0.0.1")))
+    if args.port is not None:
+        base.append(f"server.port={args.port}")
+    elif not _given(args.overrides, "server.port"):
+        base.append(f"server.port={free_port(server_host)}")
+    metrics_host = str(data.get("metrics", {}).get("listen", "127.0.0.1:9188")).rpartition(":")[0] or "127.0.0.1"
+    if args.metrics_port is not None:
+        base.append(f'metrics.listen="{metrics_host}:{args.metrics_port}"')
+    elif not _given(args.overrides, "metrics.listen"):
+        base.append(f'metrics.listen="{metrics_host}:{free_port(_local(metrics_host))}"')
+    return [*base, *args.overrides]
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a TOML basic string
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_key(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    raise ConfigError(f"demo: cannot write {v!r} back as TOML")
+
+
+def _key(k: str) -> str:
+    return k if k and all(c.isalnum() or c in "_-" for c in k) and k.isascii() else json.dumps(k)
+
+
+def to_toml(data: dict[str, Any]) -> str:
+    """A parsed config written back: top-level arrays (``[[server]]``) inline, then one table a section."""
+    head = [f"{_key(k)} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    tables = [f"[{_key(k)}]\n" + "".join(f"{_key(key)} = {_toml_value(x)}\n" for key, x in v.items())
+              for k, v in data.items() if isinstance(v, dict)]
+    return "\n".join([*head, *tables])
+
+
+def demo_config(args: argparse.Namespace, workdir: Path) -> tuple[Config, Path]:
+    """The demo's config (supervisor/sim/demo.toml, the scenario's settings, free ports, then the
+    user's --set), written whole to WORKDIR/demo.toml so that ``status``, ``report`` and
+    ``explain --config`` can be pointed at it; and that file's path."""
+    source = Path(args.config)
+    try:
+        data = tomllib.loads(source.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{source}: invalid TOML: {exc}") from None
+    for item in demo_overrides(args, data, workdir):
+        section, key, value = parse_override(item)
+        table = data.setdefault(section, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"--set {item!r}: [{section}] is not a table in {source}")
+        table[key] = value
+    written = workdir / "demo.toml"
+    fd = os.open(written, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(f"# sglang-supervisor demo: {source} with the demo's settings and --set\n" + to_toml(data))
+    cfg = load_config(written)
     server = cfg.server
     command = server.command
     if command and command[0] in ("python", "python3"):
@@ -122,7 +212,38 @@ def demo_config(args: argparse.Namespace, workdir: Path) -> Config:
         from supervisor.sim import simgpu
 
         simgpu.ensure_gpus(cfg.gpu.sim_dir, 8, 96)  # the seed's cards: 96 GB each
-    return dataclasses.replace(cfg, server=dataclasses.replace(server, command=command, env=env))
+    return dataclasses.replace(cfg, server=dataclasses.replace(server, command=command, env=env)), written
+
+
+def port_holder(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on (who holds it, when this user may see it), or None."""
+    try:
+        infos = socket.getaddrinfo(_local(host), port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return f"cannot resolve {host!r}: {exc.strerror}"
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                return exc.strerror or str(exc)
+        else:
+            return None
+    import psutil
+
+    holders = []
+    try:
+        for c in psutil.net_connections(kind="tcp"):
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+                try:
+                    holders.append(f"pid {c.pid} ({psutil.Process(c.pid).name()})")
+                except psutil.Error:
+                    holders.append(f"pid {c.pid}")
+    except psutil.Error:
+        pass
+    return "in use by " + (", ".join(sorted(set(holders))) if holders else "another process (not one this user can see)")
 
 
 DaemonRunner = Callable[..., Awaitable[int]]
@@ -135,8 +256,20 @@ ReportWriter = Callable[[Config, Path], Path]
 
 def run(args: argparse.Namespace, run_daemon: DaemonRunner, write_report: ReportWriter | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="sglang-supervisor-demo-"))
-    cfg = demo_config(args, workdir)
-    code = asyncio.run(_run(args, cfg, workdir, run_daemon))
+    cfg, config_file = demo_config(args, workdir)
+    held = port_holder(cfg.server.host, cfg.server.port)
+    if held is not None:
+        print(f"demo: the simulated SGLang's port {_local(cfg.server.host)}:{cfg.server.port} is {held}: "
+              "pass --port N for another, or leave --port out for a free one", file=sys.stderr)
+        return 1
+    if cfg.metrics.enabled:
+        host, _, port = cfg.metrics.listen.rpartition(":")
+        held = port_holder(host, int(port))
+        if held is not None:
+            print(f"demo: the metrics port {cfg.metrics.listen} is {held}: the demo runs without metrics "
+                  "(--metrics-port N for another)", file=sys.stdout)
+            cfg = dataclasses.replace(cfg, metrics=dataclasses.replace(cfg.metrics, enabled=False))
+    code = asyncio.run(_run(args, cfg, workdir, run_daemon, config_file))
     if write_report is not None and args.report != "none":
         try:
             path = write_report(cfg, Path(args.report) if args.report else workdir / "report.html")
@@ -144,10 +277,14 @@ def run(args: argparse.Namespace, run_daemon: DaemonRunner, write_report: Report
             print(f"the night's report could not be written: {exc}", file=sys.stdout)
         else:
             print(f"the night's report: {path}", file=sys.stdout)
+    print(f"look again: sglang-supervisor status --config {config_file}  "
+          f"(report: sglang-supervisor report --config {config_file} --format text)", file=sys.stdout)
     return code
 
 
-async def _run(args: argparse.Namespace, cfg: Config, workdir: Path, run_daemon_async: DaemonRunner) -> int:
+async def _run(
+    args: argparse.Namespace, cfg: Config, workdir: Path, run_daemon_async: DaemonRunner, config_file: Path,
+) -> int:
     from supervisor.sim.loadgen import run_load
 
     out = sys.stdout
@@ -160,6 +297,8 @@ async def _run(args: argparse.Namespace, cfg: Config, workdir: Path, run_daemon_
         print(f"JSON log lines: {log_path}", file=out)
     if cfg.metrics.enabled:
         print(f"metrics: http://{cfg.metrics.listen}/metrics", file=out)
+    print(f"its config: {config_file}; while it runs or after: "
+          f"sglang-supervisor status --config {config_file}", file=out)
 
     daemon_box: dict[str, Any] = {}
     outcome: dict[str, Any] = {}

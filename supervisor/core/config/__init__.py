@@ -13,15 +13,23 @@ The package, module by module (importers use this package's names, listed in ``_
 - ``urls``: a local listener's URL and the router's URL for this daemon's server;
 - ``schema``: a section's table validated into its dataclass (``[[diagnosis.rule]]`` too);
 - ``checks``: the rules that tie keys together, ``MANAGED_FLAGS``;
+- ``hosts``: a bare host name, and the names reserved for examples (RFC 2606/6761);
 - ``servers``: ``[[server]]`` entries expanded into one ``Config`` each, and what they must not share;
 - ``overrides``: ``--set SECTION.KEY=VALUE``;
-- ``load``: ``build_config``, ``load_config`` and ``config_from_overrides``.
+- ``load``: ``build_config``, ``load_config`` (with the secret files' checks) and ``config_from_overrides``.
 """
 
 from __future__ import annotations
 
 from supervisor.core.config.checks import MANAGED_FLAGS, managed_flag
-from supervisor.core.config.load import build_config, check_file_mode, config_from_overrides, load_config
+from supervisor.core.config.hosts import PLACEHOLDER_SUFFIXES, placeholder_host
+from supervisor.core.config.load import (
+    build_config,
+    check_file_mode,
+    check_secret_files,
+    config_from_overrides,
+    load_config,
+)
 from supervisor.core.config.overrides import parse_override
 from supervisor.core.config.rules import ConfigError
 from supervisor.core.config.sections import (
@@ -54,6 +62,7 @@ __all__ = [
     "DEFAULT_PASS_ENV",
     "MANAGED_FLAGS",
     "PER_SERVER",
+    "PLACEHOLDER_SUFFIXES",
     "WILDCARDS",
     "Config",
     "ConfigError",
@@ -74,12 +83,14 @@ __all__ = [
     "alert_instance",
     "build_config",
     "check_file_mode",
+    "check_secret_files",
     "config_from_overrides",
     "http_url",
     "in_window",
     "load_config",
     "managed_flag",
     "parse_override",
+    "placeholder_host",
     "select_server",
     "server_configs",
     "unit_name",

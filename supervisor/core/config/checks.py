@@ -3,6 +3,7 @@ built; among them, no ``extra_args`` flag that the supervisor sets itself (``MAN
 
 from __future__ import annotations
 
+from supervisor.core.config.hosts import PLACEHOLDER_SUFFIXES, bare_host_problem, placeholder_host
 from supervisor.core.config.rules import ConfigError, _show
 from supervisor.core.config.units import Config
 
@@ -63,6 +64,7 @@ def _cross_checks(where: str, cfg: Config) -> None:
         raise ConfigError(f'{where}: [gpu] sim_dir = "": must be set when backend = "simulated"')
     if cfg.health.timeout_s <= 0:
         raise ConfigError(f"{where}: [health] timeout_s: must be > 0")
+    _mqtt_host(where, cfg)
     if cfg.mqtt.enabled and cfg.mqtt.username and not cfg.mqtt.password_file:
         raise ConfigError(
             f"{where}: [mqtt] password_file = \"\": must be set when username is "
@@ -96,3 +98,17 @@ def _cross_checks(where: str, cfg: Config) -> None:
         raise ConfigError(f"{where}: [etcd] cert_file and key_file: set both or neither")
     if cfg.router.enabled and not cfg.router.url:
         raise ConfigError(f'{where}: [router] url = "": must be set when enabled = true (e.g. "http://127.0.0.1:30080")')
+
+
+def _mqtt_host(where: str, cfg: Config) -> None:
+    """``[mqtt] host``: a bare host (no ``mqtt://``, no ``:1883``); with MQTT on, not a name
+    reserved for examples left in from the sample config."""
+    host = cfg.mqtt.host
+    if (problem := bare_host_problem(host)) is not None:
+        raise ConfigError(f"{where}: [mqtt] host = {_show(host)}: must be {problem}")
+    if cfg.mqtt.enabled and placeholder_host(host):
+        family = ", ".join(f".{s}" if "." not in s else s for s in PLACEHOLDER_SUFFIXES)
+        raise ConfigError(
+            f"{where}: [mqtt] host = {_show(host)}: a placeholder (a name reserved for examples by "
+            f"RFC 2606/6761: {family}): set your broker's host, or [mqtt] enabled = false"
+        )

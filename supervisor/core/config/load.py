@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import tomllib
 import typing
 from pathlib import Path
@@ -74,7 +75,28 @@ def load_config(path: str | os.PathLike[str], overrides: typing.Sequence[str] = 
         if not isinstance(table, dict):
             raise ConfigError(f"--set {item!r}: [{section}] is not a table in {p}")
         table[key] = value
-    return build_config(data, where=str(p), name=p.stem)
+    cfg = build_config(data, where=str(p), name=p.stem)
+    check_secret_files(cfg, where=str(p))
+    return cfg
+
+
+def check_secret_files(cfg: Config, *, where: str = "config") -> None:
+    """With MQTT on, ``[mqtt] password_file`` exists and others cannot read it (it holds the
+    broker's password). Group-readable is left to the service's group (the alerter warns)."""
+    if not (cfg.mqtt.enabled and cfg.mqtt.password_file):
+        return
+    path = Path(cfg.mqtt.password_file)
+    label = f"{where}: [mqtt] password_file = {str(path)!r}"
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise ConfigError(f"{label}: cannot read it: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"{label}: not a regular file")
+    if mode & stat.S_IROTH:
+        raise ConfigError(
+            f"{label}: readable by others (mode {mode & 0o777:04o}); it holds the broker's password: chmod o-r {path}"
+        )
 
 
 def config_from_overrides(overrides: typing.Sequence[str], *, name: str = "demo") -> Config:
