@@ -32,6 +32,7 @@ from supervisor.core.messages import (
     FactsUpdated,
     Finding,
     GpuLost,
+    HoldRequested,
     Launch,
     Launched,
     LaunchFailed,
@@ -45,6 +46,7 @@ from supervisor.core.messages import (
     RouterAdd,
     RouterRemove,
     SetTimer,
+    StartRequested,
     StopMode,
     StopRequested,
     StopServer,
@@ -976,6 +978,8 @@ _EVENTS: st.SearchStrategy[Event] = st.one_of(
     st.builds(TimerFired, name=st.sampled_from(list(Timer))),
     st.builds(GpuLost, detail=st.just("lost")),
     st.builds(StopRequested, reason=st.just("SIGTERM")),
+    st.builds(HoldRequested, reason=st.just("maintenance")),
+    st.builds(StartRequested, reason=st.just("maintenance done")),
     st.just(ConfigChanged()),
 )
 

@@ -72,7 +72,8 @@ def _read(cfg: Config) -> tuple[dict[str, Any] | None, str | None, bool]:
 
 
 def counts(history: list[dict[str, Any]]) -> dict[str, int]:
-    """The history's lines by kind: crashes, step-downs among them, planned relaunches."""
+    """The history's lines by kind: crashes, planned relaunches (an operator's restart, a
+    climb, a step-down for headroom), and the step-downs among those."""
     planned = [h for h in history if h.get("planned") or h.get("cause") in PLANNED_CAUSES]
     crashes = [h for h in history if h not in planned]
     return {"crashes": len(crashes), "planned": len(planned),
@@ -155,8 +156,8 @@ def _details(cfg: Config, data: dict[str, Any], running: bool, out: IO[str]) -> 
         print(f"  fleet:     {fleet_line}", file=out)
     history = learned.get("history", [])
     c = counts(history)
-    print(f"  history:   {c['crashes']} crash(es) ({c['step_downs']} step-down(s) for headroom), "
-          f"{c['planned']} planned restart(s) and climb(s)", file=out)
+    print(f"  history:   {c['crashes']} crash(es); {c['planned']} planned relaunch(es): restarts, climbs and "
+          f"{c['step_downs']} step-down(s) for headroom", file=out)
     if history:
         rows = [("time", "kind", "cause", "phase", "exit", "fraction", "next", "location")]
         rows.extend(

@@ -79,9 +79,7 @@ def done(cmd: str, unit: Unit, attempt_before: int) -> bool | None:
     if core.state is State.READY and core.attempt > attempt_before:
         return True
     if core.state in (State.GAVE_UP, State.STOPPED, State.STOPPING) and core.attempt > attempt_before:
-        return False
-    if core.held is not None and core.state is State.STOPPED:
-        return False  # stopped again meanwhile
+        return False  # launched, and did not come up (or stopped again meanwhile)
     return None
 
 

@@ -240,7 +240,11 @@ def _hold(core: Core, ctx: Ctx, v: Variant, reason: str) -> Step:
         new, actions = transition(core, State.STOPPING, why)
         return new, [*cancelled, *started, *cancel_run_timers(), *actions,
                      *stop_server(ctx, v, ctx.cfg.server.stop_grace_s, why)]
-    # WAITING/PREPARING/BACKOFF/EXITED/GAVE_UP/STOPPED -> STOPPED (held): no server to stop
+    if s is State.EXITED:
+        # EXITED -> STOPPING (held): the dead server's tree is being tidied; held once it is
+        new, actions = transition(core, State.STOPPING, why)
+        return new, [*cancelled, *started, *cancel_run_timers(), *actions]
+    # WAITING/PREPARING/BACKOFF/GAVE_UP/STOPPED -> STOPPED (held): no server to stop
     new, actions = transition(core, State.STOPPED, why, run=replace(core.run, pid=None))
     new, done = jobs.finish(new, "no server ran")
     return new, [*cancelled, *started, CancelTimer(Timer.BACKOFF), *cancel_run_timers(), *actions, *done,
