@@ -12,7 +12,17 @@ import pytest
 
 from tests.harness import REPO
 
-COMMANDS = ("run", "check-config", "status", "restart", "explain", "preflight", "drill", "fleet", "demo")
+def _commands() -> tuple[str, ...]:
+    """Every command the parser has: one added later is held to the same rules."""
+    import argparse
+
+    from supervisor.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return tuple(sub.choices)
+
+
+COMMANDS = _commands()
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

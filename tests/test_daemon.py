@@ -50,11 +50,12 @@ def test_runtime_oom_under_load_steps_down_to_088_and_load_completes(tmp_path, n
         assert result.failed == 0 and result.completed == 76
         assert d.find("recovered", cause="cuda_oom_runtime")
         assert d.stop() == 0
-    out = subprocess.run(
+    done = subprocess.run(
         [sys.executable, "-m", "supervisor.cli", "status", "--config", str(cfg)],
-        capture_output=True, text=True, cwd=REPO, check=True,
-    ).stdout
-    assert "cuda_oom_runtime" in out and "0.88" in out
+        capture_output=True, text=True, cwd=REPO,
+    )
+    assert done.returncode == 3, done  # stopped (LSB "not running")
+    assert "cuda_oom_runtime" in done.stdout and "0.88" in done.stdout
 
 
 def test_exit_zero_is_a_crash_and_is_restarted(tmp_path, no_leftovers, servers):

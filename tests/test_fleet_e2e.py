@@ -132,7 +132,7 @@ def test_a_fleet_learns_once_and_every_daemon_of_that_configuration_starts_there
     by_key = {r["key"]: r for r in records(a_cfg)}
     assert by_key[key]["rung"] == 0.88 and len(by_key) == 3
     assert all(r["rung"] is None and not r["ooms"] and r["points"] for k, r in by_key.items() if k != key)
-    status = cli("status", "--config", str(b_cfg))
+    status = cli("status", "--config", str(b_cfg), "--verbose")
     assert "fleet:" in status.stdout and "0.88" in status.stdout and key in status.stdout, status.stdout
     state = json.loads(cli("status", "--config", str(b_cfg), "--json").stdout)
     assert state["learned"]["fleet"]["applied"] is True and state["learned"]["fraction"] == 0.88

@@ -23,7 +23,7 @@ from harness import REPO
 from supervisor.adapters.store import StateStore
 from supervisor.cli.status import EXIT_DEAD, EXIT_NO_STATE, EXIT_NOT_RUNNING, EXIT_SERVING, status
 from supervisor.core.config import load_config
-from supervisor.core.model import Cause, Phase, Remedy, State
+from supervisor.core.model import Cause, Phase, State
 from supervisor.core.state import Core, CrashRecord, GiveUpNote, Hold, Learned, Run
 from supervisor.unit.statefile import StateFile
 

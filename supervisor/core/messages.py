@@ -227,7 +227,7 @@ class FleetShared:
 
 Event = (
     Boot | Prepared | PrepareFailed | Launched | LaunchFailed | ProbeResult | FactsUpdated
-    | Died | Diagnosed | TimerFired | GpuLost | StopRequested | ConfigChanged
+    | Died | Diagnosed | TimerFired | GpuLost | StopRequested | HoldRequested | StartRequested | ConfigChanged
     | RestartRequested | GroupLaunch | GroupEnded | GroupGaveUp | FleetAdvice | FleetShared | GpuFree | KvPressure | KvSample
     | ClimbAllowed
 )
