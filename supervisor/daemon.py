@@ -366,6 +366,10 @@ class Daemon:
         if not units:
             known = ", ".join(u.name for u in self.units)
             return {"ok": False, "error": f"no server {str(server)[:64]!r} (known: {known})"}
+        if server is None and cmd == maintenance.START:
+            units = maintenance.startable(units)  # ``start`` alone: every server that is stopped
+            if not units:
+                return {"ok": False, "error": "no server is stopped by an operator or gave up: nothing to start"}
         refused = maintenance.refusal(cmd, units)
         if refused is not None:
             return {"ok": False, "error": refused}

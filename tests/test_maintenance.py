@@ -27,8 +27,10 @@ async def test_stop_drains_and_holds_while_the_daemon_stays_up_then_start_brings
         rig.prober.default = True
         rig.start()
         await rig.until(lambda: rig.state() is State.READY, "READY")
-        refused = rig.daemon._on_control({"cmd": "start"})
+        refused = rig.daemon._on_control({"cmd": "start", "server": rig.daemon.units[0].name})
         assert refused["ok"] is False and "not stopped by an operator" in str(refused["error"])
+        nothing = rig.daemon._on_control({"cmd": "start"})
+        assert nothing["ok"] is False and "nothing to start" in str(nothing["error"])
 
         reply = rig.daemon._on_control({"cmd": "stop", "reason": "GPU 3 reseated", "wait": True})
         assert isinstance(reply, ControlReply) and reply.answer["ok"]

@@ -53,6 +53,11 @@ def refusal(cmd: str, units: Sequence[Unit]) -> str | None:
     return None
 
 
+def startable(units: Sequence[Unit]) -> list[Unit]:
+    """The servers a ``start`` can launch: held by an operator, or given up."""
+    return [u for u in units if u.core is not None and (u.core.held is not None or u.core.state is State.GAVE_UP)]
+
+
 def ask(cmd: str, units: Sequence[Unit], reason: str) -> list[dict[str, object]]:
     """Ask each unit; what each was before (its name, state and launch)."""
     before: list[dict[str, object]] = [_line(u) for u in units]
