@@ -276,3 +276,24 @@ def test_journalctl_p_err_finds_a_give_up_and_the_fields_select_a_server(box):
     assert (fields["PRIORITY"], fields["SYSLOG_IDENTIFIER"], fields["SGLANG_SUPERVISOR_SERVER"]) == ("2", "sglang-supervisor", "tp4-b")
     box.stop("pair")
     assert processes_of(box.unit("pair")) == []
+
+
+def test_the_native_protocol_reaches_the_real_journald_multi_line_and_memfd(box):
+    """supervisor.adapters.journald against journald itself: a multi-line value (the
+    binary-safe form) and an entry far over a datagram's size (a sealed memfd) arrive whole."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+            "from supervisor.adapters.journald import JournalSocket\n"
+            "j = JournalSocket()\n"
+            "assert j.send({'MESSAGE': 'one\\ntwo', 'SGLANG_SUPERVISOR_EVENT': 'nspawn_multi', 'PRIORITY': '6'})\n"
+            "assert j.send({'MESSAGE': 'x' * (1 << 20), 'SGLANG_SUPERVISOR_EVENT': 'nspawn_big', 'PRIORITY': '6'})\n")
+    box.m.sh([str(VENV / "bin" / "python"), "-c", code, str(REPO)])
+
+    def entry(event: str) -> dict | None:
+        lines = box.m.journal("-o", "json", "--all", f"SGLANG_SUPERVISOR_EVENT={event}").splitlines()
+        return json.loads(lines[0]) if lines else None
+
+    multi = wait_until(lambda: entry("nspawn_multi"), timeout=WAIT_S, interval=0.3, what="the multi-line entry")
+    big = wait_until(lambda: entry("nspawn_big"), timeout=WAIT_S, interval=0.3, what="the memfd entry")
+    as_text = lambda v: v if isinstance(v, str) else bytes(v).decode()  # journalctl -o json: a list of bytes when not plain text
+    assert as_text(multi["MESSAGE"]) == "one\ntwo"
+    assert as_text(big["MESSAGE"]) == "x" * (1 << 20)
