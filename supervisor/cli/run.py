@@ -40,6 +40,7 @@ async def run_daemon_async(
     from supervisor.adapters import cleanup, control, gpu, reaper
     from supervisor.adapters.cgroup import cgroup_oom_kills
     from supervisor.adapters.health import HealthProber, KvMetricsReader
+    from supervisor.adapters.journald import JournalSocket
     from supervisor.adapters.ports import Ports, UnitPorts
     from supervisor.adapters.process import RotatingLog, ServerProcess
     from supervisor.adapters.sdnotify import Notifier
@@ -54,7 +55,11 @@ async def run_daemon_async(
     # [fleet]: etcd's client, not connected (the first call connects; an etcd away is the
     # fleet's error, not the daemon's). Without [fleet] its library is never imported.
     fleet_store = etcd_client(cfg, "[fleet]") if cfg.fleet.enabled else None
-    logger = logs.configure(cfg.logging.format, cfg.logging.level, log_stream)
+    # stderr is the journal (systemd's JOURNAL_STREAM): each line goes to journald natively,
+    # with its priority and the event, server and cause as fields (docs/systemd.md).
+    journal = JournalSocket.from_env() if log_stream is None else None
+    logger = logs.configure(cfg.logging.format, cfg.logging.level, log_stream, journal=journal,
+                            server="" if cfg.units else unit_name(cfg))
     host = socket.gethostname()
     metrics_server = None
     alerters: list[MqttTransport] = []
