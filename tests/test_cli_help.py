@@ -12,6 +12,7 @@ import pytest
 
 from tests.harness import REPO
 
+
 def _commands() -> tuple[str, ...]:
     """Every command the parser has: one added later is held to the same rules."""
     import argparse

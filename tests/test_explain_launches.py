@@ -9,13 +9,12 @@ with the markers the daemon writes (``launch_marker``).
 
 from __future__ import annotations
 
-import argparse
 import io
-import json
 import sys
 from pathlib import Path
 
 import pytest
+from test_explain import parse, run_json
 
 from supervisor.cli import explain
 from supervisor.core.diagnosis import MAX_TAIL_BYTES, diagnose
@@ -45,17 +44,6 @@ def with_markers(*launches: list[str]) -> str:
     return "\n".join(out) + "\n"
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="explain")
-    explain.add_arguments(p)
-    return p.parse_args(argv)
-
-
-def run_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict:
-    assert explain.run(parse(["--json", *argv])) == 0
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1
-    return json.loads(out)
 
 
 def line_at(path: Path, lineno: int) -> str:

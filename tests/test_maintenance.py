@@ -21,12 +21,18 @@ async def lines(reply: object) -> list[dict[str, object]]:
         reply.close()
 
 
+async def serving(tmp_path) -> Rig:
+    """A daemon on fake ports whose server is READY."""
+    rig = Rig(tmp_path)
+    rig.prober.default = True
+    rig.start()
+    await rig.until(lambda: rig.state() is State.READY, "READY")
+    return rig
+
+
 async def test_stop_drains_and_holds_while_the_daemon_stays_up_then_start_brings_it_back(tmp_path):
     async with asyncio.timeout(DEADLINE_S):
-        rig = Rig(tmp_path)
-        rig.prober.default = True
-        rig.start()
-        await rig.until(lambda: rig.state() is State.READY, "READY")
+        rig = await serving(tmp_path)
         refused = rig.daemon._on_control({"cmd": "start", "server": rig.daemon.units[0].name})
         assert refused["ok"] is False and "not stopped by an operator" in str(refused["error"])
         nothing = rig.daemon._on_control({"cmd": "start"})
@@ -54,10 +60,7 @@ async def test_stop_drains_and_holds_while_the_daemon_stays_up_then_start_brings
 
 async def test_stop_of_an_unknown_server_and_while_stopping_are_refused(tmp_path):
     async with asyncio.timeout(DEADLINE_S):
-        rig = Rig(tmp_path)
-        rig.prober.default = True
-        rig.start()
-        await rig.until(lambda: rig.state() is State.READY, "READY")
+        rig = await serving(tmp_path)
         unknown = rig.daemon._on_control({"cmd": "stop", "server": "nope"})
         assert unknown["ok"] is False and "no server 'nope'" in str(unknown["error"])
         assert rig.daemon._on_control({"cmd": "stop"})["ok"]
@@ -72,10 +75,7 @@ async def test_the_first_ready_loads_the_diagnosis_tables_off_the_crash_path(tmp
     from supervisor.core.diagnosis.catalogue import catalogue
 
     async with asyncio.timeout(DEADLINE_S):
-        rig = Rig(tmp_path)
-        rig.prober.default = True
-        rig.start()
-        await rig.until(lambda: rig.state() is State.READY, "READY")
+        rig = await serving(tmp_path)
         await rig.until(lambda: not [t for t in rig.daemon.tasks.tasks() if t.get_name() == "warm-diagnosis"],
                         "the tables loaded")
         assert rig.daemon._warmed and catalogue.cache_info().currsize == 1

@@ -67,6 +67,16 @@ class _Text(html.parser.HTMLParser):
             self.parts.append(data)
 
 
+def dom_after(browser: str, tmp: Path, page: str, script: str) -> str:
+    """The DOM Chromium renders for a copy of ``page`` with ``script`` run at its end (the page
+    itself has no script): what a test reads of the rendered page."""
+    probe = tmp / "probe.html"
+    probe.write_text(page.replace("</body>", f"<script>{script}</script></body>"))
+    dumped = headless(browser, tmp, "--dump-dom", probe.as_uri())
+    assert dumped.returncode == 0, dumped.stderr[-2000:]
+    return dumped.stdout
+
+
 def visible_text(dom: str) -> str:
     parser = _Text()
     parser.feed(dom)
@@ -105,16 +115,12 @@ def test_the_demo_nights_report_in_a_real_browser(tmp_path, no_leftovers):
 
     # What Chromium rendered, and where it put the chart: a copy of the page with one script
     # that writes the image's box into the DOM (the page itself has no script).
-    probe = tmp_path / "probe.html"
-    probe.write_text(source.replace("</body>", (
-        "<script>const r = document.querySelector('img.chart').getBoundingClientRect();"
+    dom = dom_after(browser, tmp_path, source, (
+        "const r = document.querySelector('img.chart').getBoundingClientRect();"
         "const p = document.createElement('pre'); p.id = 'chart-box';"
         "p.textContent = JSON.stringify({x: r.x, y: r.y, w: r.width, h: r.height,"
         " loaded: document.querySelector('img.chart').naturalWidth});"
-        "document.body.appendChild(p);</script></body>")))
-    dumped = headless(browser, tmp_path, "--dump-dom", probe.as_uri())
-    assert dumped.returncode == 0, dumped.stderr[-2000:]
-    dom = dumped.stdout
+        "document.body.appendChild(p);"))
     text = visible_text(dom)
     assert "cuda_oom_runtime" in text
     assert re.search(r"crash: cuda_oom_runtime \(serving\) at 0\.93, next at 0\.88", text), text[:3000]

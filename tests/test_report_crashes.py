@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from harness import REPO
-from test_report import chromium, headless, visible_text
+from test_report import chromium, dom_after, visible_text
 
 from supervisor.core import events as ev
 from supervisor.core.diagnosis import diagnose
@@ -212,20 +212,17 @@ def test_the_crash_tables_location_cell_in_a_real_browser(tmp_path):
     browser = chromium()
     _write(tmp_path, "html")
     page = tmp_path / "night.html"
-    probe = tmp_path / "probe.html"
-    probe.write_text(page.read_text().replace("</body>", (
-        "<script>const row = document.querySelector('table.crashes tr.crash-row');"
+    dom = dom_after(browser, tmp_path, page.read_text(), (
+        "const row = document.querySelector('table.crashes tr.crash-row');"
         "const p = document.createElement('pre'); p.id = 'cells';"
         "p.textContent = [...row.cells].map(c => c.className + '=' + c.innerText.replace(/\\s+/g, ' ')).join('\\n');"
-        "document.body.appendChild(p);</script></body>")))
-    dumped = headless(browser, tmp_path, "--dump-dom", probe.as_uri())
-    assert dumped.returncode == 0, dumped.stderr[-2000:]
+        "document.body.appendChild(p);"))
     cells = dict(line.split("=", 1) for line in
-                 re.search(r'<pre id="cells">(.*?)</pre>', dumped.stdout, re.S).group(1).splitlines())  # type: ignore[union-attr]
+                 re.search(r'<pre id="cells">(.*?)</pre>', dom, re.S).group(1).splitlines())  # type: ignore[union-attr]
     assert cells["where"] == "deepseek_v2.py:2919 forward"
     assert cells["rank"] == "TP3" and cells["t"] == "01:00:00"
     assert cells["evidence"].replace("&gt;", ">") == f"line 6: {OOM}"
     assert cells["remedy"] == "fraction 0.93 → 0.88, relaunched in 2.1 s"
-    text = visible_text(dumped.stdout)
+    text = visible_text(dom)
     assert "SGLang 0.5.6 GPUs 8 × NVIDIA H200 (140 GB each) launch command /venv/bin/python -m sglang.launch_server" in text
     assert "time (Europe/Berlin, CET)" in text
