@@ -105,6 +105,22 @@ def url_of(cfg: Path) -> str:
     return f"http://127.0.0.1:{tomllib.loads(cfg.read_text())['server']['port']}"
 
 
+async def pair_behind_router(tmp_path: Path, start_router: Callable[..., str]) -> tuple[Path, str, list[str]]:
+    """Two simulated servers ``a`` and ``b`` (``two_servers``) as one daemon's ``[[server]]``
+    entries, with ``[router]`` on a real router just started: (the daemon's config, the
+    router's URL, the servers' URLs in that order)."""
+    configs = two_servers(tmp_path)
+    merged = merge_servers(configs, tmp_path / "pair.toml", ((0,), (1,)))
+    router_url = await asyncio.to_thread(start_router)
+    merged.write_text(merged.read_text() + f'\n[router]\nenabled = true\nurl = "{router_url}"\nreconcile_s = 2.0\n')
+    return merged, router_url, [url_of(c) for c in configs]
+
+
+async def until_listed(router: str, urls: list[str], what: str, timeout: float = 30.0) -> None:
+    """Until the router lists exactly ``urls``."""
+    await asyncio.to_thread(wait_until, lambda: listed(router) == sorted(urls), timeout, 0.05, what)
+
+
 async def night(tmp_path: Path, start_router: Callable[..., str], concurrency: int, integrated: bool, *,
                 configs: list[Path] | None = None, ready_s: float = 60.0,
                 gpus: tuple[tuple[int, ...], ...] = ((0,), (1,))) -> dict[str, Any]:

@@ -51,13 +51,10 @@ async def test_a_killed_daemons_servers_are_replaced_one_at_a_time_behind_the_ro
     import asyncio
 
     from conftest import wait_until
-    from harness import DaemonRun, merge_servers
+    from harness import DaemonRun
 
-    configs = router_night.two_servers(tmp_path)
-    urls = sorted(router_night.url_of(c) for c in configs)
-    merged = merge_servers(configs, tmp_path / "pair.toml", ((0,), (1,)))
-    router_url = await asyncio.to_thread(start_router)
-    merged.write_text(merged.read_text() + f'\n[router]\nenabled = true\nurl = "{router_url}"\nreconcile_s = 2.0\n')
+    merged, router_url, urls = await router_night.pair_behind_router(tmp_path, start_router)
+    urls = sorted(urls)
     first = DaemonRun(merged)
     try:
         for name in ("a", "b"):

@@ -229,7 +229,7 @@ Event = (
     Boot | Prepared | PrepareFailed | Launched | LaunchFailed | ProbeResult | FactsUpdated
     | Died | Diagnosed | TimerFired | GpuLost | StopRequested | HoldRequested | StartRequested | ConfigChanged
     | RestartRequested | GroupLaunch | GroupEnded | GroupGaveUp | FleetAdvice | FleetShared | GpuFree | KvPressure | KvSample
-    | ClimbAllowed
+    | ClimbAllowed | HoldRequested | StartRequested
 )
 
 

@@ -14,6 +14,7 @@ state they pass, then one last line (``done``), the way ``restart`` follows a ro
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
@@ -23,6 +24,10 @@ from supervisor.core.state import Core
 
 STOP, START = "stop", "start"
 WAIT_STEP_S = 5.0  # how often a follower looks again when nothing moved (a daemon that stops)
+# A started server counts once the router lists it healthy, as in a rolling restart
+# (services/rolling.py): asked this often, for this long at most (a router away).
+ROUTER_WAIT_S = 30.0
+ASK_ROUTER_S = 0.5
 
 
 class Unit(Protocol):
@@ -35,6 +40,7 @@ class Unit(Protocol):
     def core(self) -> Core | None: ...
     def request_hold(self, reason: str) -> None: ...
     def request_start(self, reason: str) -> None: ...
+    async def serving(self) -> bool: ...
     async def moved(self) -> None: ...
 
 
@@ -59,23 +65,31 @@ def startable(units: Sequence[Unit]) -> list[Unit]:
 
 
 def ask(cmd: str, units: Sequence[Unit], reason: str) -> list[dict[str, object]]:
-    """Ask each unit; what each was before (its name, state and launch)."""
-    before: list[dict[str, object]] = [_line(u) for u in units]
+    """Ask each unit; what each was before (its name, state and launch, and ``jobs``: the
+    core's job count when it was asked, None when nothing was asked of it)."""
+    before: list[dict[str, object]] = []
     for unit in units:
+        line = _line(unit)
+        asked = cmd == START or (unit.core is not None and unit.core.held is None)
+        line["jobs"] = unit.core.jobs if asked and unit.core is not None else None
+        before.append(line)
+        if not asked:
+            continue
         if cmd == STOP:
-            if unit.core is not None and unit.core.held is None:
-                unit.request_hold(reason)
+            unit.request_hold(reason)
         else:
             unit.request_start(reason)
     return before
 
 
-def done(cmd: str, unit: Unit, attempt_before: int) -> bool | None:
+def done(cmd: str, unit: Unit, attempt_before: int, jobs_before: int | None = None) -> bool | None:
     """Whether ``cmd`` is done for ``unit``: True (stopped and held; or READY at a later
     launch), False (it will not be: it gave up, or the daemon is stopping it for good),
-    None (not yet)."""
+    None (not yet). ``jobs_before``: the core's job count when it was asked; until the core
+    has made the job (it takes the request in its own time) nothing is judged: a held server
+    is STOPPED before its start as after a stop again."""
     core = unit.core
-    if core is None:
+    if core is None or (jobs_before is not None and core.jobs <= jobs_before):
         return None
     if cmd == STOP:
         if core.state is State.STOPPED:
@@ -84,15 +98,19 @@ def done(cmd: str, unit: Unit, attempt_before: int) -> bool | None:
     if core.state is State.READY and core.attempt > attempt_before:
         return True
     if core.state in (State.GAVE_UP, State.STOPPED, State.STOPPING) and core.attempt > attempt_before:
-        return False  # launched, and did not come up (or stopped again meanwhile)
+        return False  # launched, and did not come up
+    if core.held is not None and core.state is State.STOPPED:
+        return False  # held again before it launched (the core took the start: ``jobs_before``)
     return None
 
 
 async def follow(cmd: str, units: Sequence[Unit], before: Sequence[dict[str, object]]) -> AsyncIterator[dict[str, object]]:
     """Each state the units pass until ``cmd`` is done for every one, then the last line."""
     attempts = {str(b["name"]): int(b["attempt"] or 0) for b in before}  # type: ignore[call-overload]
+    jobs = {str(b["name"]): b.get("jobs") for b in before}
     seen = {u.name: (u.core.state if u.core else None) for u in units}
     outcome: dict[str, bool] = {}
+    ready_at: dict[str, float] = {}  # a started server READY, not yet listed by the router
     while True:
         for unit in units:
             state = unit.core.state if unit.core else None
@@ -100,7 +118,10 @@ async def follow(cmd: str, units: Sequence[Unit], before: Sequence[dict[str, obj
                 seen[unit.name] = state
                 yield {"server": unit.label, "state": str(state)}
             if unit.name not in outcome:
-                ended = done(cmd, unit, attempts.get(unit.name, 0))
+                asked = jobs.get(unit.name)
+                ended = done(cmd, unit, attempts.get(unit.name, 0), asked if isinstance(asked, int) else None)
+                if ended and cmd == START and not await _in_router(unit, ready_at):
+                    ended = None  # READY, and back in the router before it is said to serve
                 if ended is not None:
                     outcome[unit.name] = ended
         if len(outcome) == len(units):
@@ -110,7 +131,19 @@ async def follow(cmd: str, units: Sequence[Unit], before: Sequence[dict[str, obj
                            f"({', '.join(str(seen[n]) for n in failed)})")
             yield {"done": True, "ok": not failed, "detail": detail, "servers": [_line(u) for u in units]}
             return
-        await first_of({u.name: u.moved() for u in units if u.name not in outcome}, WAIT_STEP_S)
+        left = [u for u in units if u.name not in outcome]
+        await first_of({u.name: u.moved() for u in left},
+                       ASK_ROUTER_S if any(u.name in ready_at for u in left) else WAIT_STEP_S)
+
+
+async def _in_router(unit: Unit, ready_at: dict[str, float]) -> bool:
+    """A READY server takes traffic (``serving``: listed healthy by the router, when there is
+    one), or the router did not list it within ``ROUTER_WAIT_S``: it is away, the daemon puts
+    the server back when it returns, and the start is done."""
+    if await unit.serving():
+        return True
+    now = asyncio.get_running_loop().time()
+    return now - ready_at.setdefault(unit.name, now) > ROUTER_WAIT_S
 
 
 def _line(unit: Unit) -> dict[str, object]:
