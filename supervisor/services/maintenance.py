@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from supervisor.aio import first_of
 from supervisor.core.model import State
@@ -44,6 +44,9 @@ class Unit(Protocol):
     async def moved(self) -> None: ...
 
 
+U = TypeVar("U", bound=Unit)
+
+
 def refusal(cmd: str, units: Sequence[Unit]) -> str | None:
     """Why ``cmd`` cannot be done to ``units`` now (None: it can)."""
     for unit in units:
@@ -59,7 +62,7 @@ def refusal(cmd: str, units: Sequence[Unit]) -> str | None:
     return None
 
 
-def startable(units: Sequence[Unit]) -> list[Unit]:
+def startable(units: Sequence[U]) -> list[U]:
     """The servers a ``start`` can launch: held by an operator, or given up."""
     return [u for u in units if u.core is not None and (u.core.held is not None or u.core.state is State.GAVE_UP)]
 
