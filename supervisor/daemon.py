@@ -359,9 +359,9 @@ class Daemon:
         (all of them when none is); with ``wait``, each state they pass, then how it ended."""
         cmd, server = str(request.get("cmd")), request.get("server")
         reason = str(request.get("reason") or f"{cmd} requested over the control socket")[:200]
-        refused = restart_refusal(self.cfg)
+        refused = restart_refusal(self.cfg, cmd)
         if refused is not None:
-            return {"ok": False, "error": refused.replace("cannot restart alone", f"cannot {cmd} alone")}
+            return {"ok": False, "error": refused}
         units = self.units if server is None else [u for u in self.units if u.name == server]
         if not units:
             known = ", ".join(u.name for u in self.units)

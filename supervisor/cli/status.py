@@ -28,6 +28,11 @@ _WORST = (EXIT_DEAD, EXIT_NO_STATE, EXIT_NOT_RUNNING, EXIT_SERVING)  # first = w
 PLANNED_CAUSES = ("operator_restart", "climb")  # planned before the history said so itself
 
 
+def planned(h: dict[str, Any]) -> bool:
+    """A history line of a relaunch made on purpose (not a crash)."""
+    return bool(h.get("planned")) or h.get("cause") in PLANNED_CAUSES
+
+
 def status(cfg: Config, *, server: str | None = None, as_json: bool = False, verbose: bool = False,
            out: IO[str] | None = None) -> int:
     """Each server's status (one of them with ``server``); the exit code says the worst."""
@@ -74,9 +79,8 @@ def _read(cfg: Config) -> tuple[dict[str, Any] | None, str | None, bool]:
 def counts(history: list[dict[str, Any]]) -> dict[str, int]:
     """The history's lines by kind: crashes, planned relaunches (an operator's restart, a
     climb, a step-down for headroom), and the step-downs among those."""
-    planned = [h for h in history if h.get("planned") or h.get("cause") in PLANNED_CAUSES]
-    crashes = [h for h in history if h not in planned]
-    return {"crashes": len(crashes), "planned": len(planned),
+    made = [h for h in history if planned(h)]
+    return {"crashes": len(history) - len(made), "planned": len(made),
             "step_downs": sum(1 for h in history if h.get("cause") == "headroom_low")}
 
 
@@ -98,16 +102,18 @@ def _row(name: str, data: dict[str, Any] | None, warning: str | None,
     parts = []
     pid, since = data.get("server_pid"), data.get("server_since")
     if running and state in ("READY", "STARTING") and isinstance(pid, int):
+        # ``server_since`` is the spawn's wall time (the daemon's, compared with process create
+        # times), read by another process: the wall clock is the one both share
         up = f", uptime {_uptime(time.time() - since)}" if isinstance(since, int | float) else ""
         parts.append(f"pid {pid}{up}")
     fraction = learned.get("fraction")
     parts.append(f"fraction {'sglang' if fraction is None else f'{fraction:g}'}")
     c = counts(learned.get("history", []))
     last = next((h for h in reversed(learned.get("history", []))
-                 if not (h.get("planned") or h.get("cause") in PLANNED_CAUSES)), None)
+                 if not planned(h)), None)
     parts.append(f"last {last['cause']} at {last['wall_time']}" if last else "no crash")
-    planned = f", {c['planned']} planned" if c["planned"] else ""
-    parts.append(f"{c['crashes']} crash(es){planned}")
+    on_purpose = f", {c['planned']} planned" if c["planned"] else ""
+    parts.append(f"{c['crashes']} crash(es){on_purpose}")
     notes = []
     if not running:
         daemon = "the daemon is not running" + ("" if state == "STOPPED" else " (it was killed: the state is its last)")
@@ -162,7 +168,7 @@ def _details(cfg: Config, data: dict[str, Any], running: bool, out: IO[str]) -> 
         rows = [("time", "kind", "cause", "phase", "exit", "fraction", "next", "location")]
         rows.extend(
             (
-                h["wall_time"], "planned" if h.get("planned") or h.get("cause") in PLANNED_CAUSES else "crash",
+                h["wall_time"], "planned" if planned(h) else "crash",
                 h["cause"], h["phase"], h["exit"], "sglang" if h["fraction"] is None else f"{h['fraction']:g}",
                 "-" if h["next_fraction"] is None else f"{h['next_fraction']:g}", h.get("location") or "-",
             )

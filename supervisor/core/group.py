@@ -218,14 +218,14 @@ def next_generation(ended: Generation, reports: Sequence[Report], cfg: PolicyCon
     )
 
 
-def restart_refusal(cfg: Config) -> str | None:
-    """Why a restart of this node alone is refused (None: it is not): a node of a group
-    cannot restart alone, the group relaunches as one. The daemon answers ``restart`` with
-    it; the machine ignores a ``RestartRequested`` of a group node for the same reason."""
+def restart_refusal(cfg: Config, what: str = "restart") -> str | None:
+    """Why ``what`` (an operator's restart, stop or start) of this node alone is refused (None:
+    it is not): a node of a group cannot act alone, the group relaunches as one. The daemon
+    answers with it; the machine ignores such a request of a group node for the same reason."""
     g = cfg.group
     if not g.enabled:
         return None
-    return f"node {g.node_rank} of group {g.name!r} cannot restart alone: the group relaunches as one (docs/group.md)"
+    return f"node {g.node_rank} of group {g.name!r} cannot {what} alone: the group relaunches as one (docs/group.md)"
 
 
 def diagnosis_from_dict(d: Mapping[str, Any]) -> Diagnosis:

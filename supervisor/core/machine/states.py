@@ -59,7 +59,7 @@ def stopped(core: Core, event: Event, ctx: Ctx, v: Variant) -> Step | None:
             # STOPPED -> STOPPED: an operator's hold outlives the daemon; nothing is launched
             return core, [Persist(), Emit(ev.ServerHeld(reason=held.reason, since=held.since, at_boot=True))]
         case StartRequested(reason=reason) if held is not None:
-            return _start(core, reason, held.since)
+            return _start(core, reason)
         case Boot() if v.group:
             # STOPPED -> WAITING: nothing is launched before the leader's decision
             return transition(core, State.WAITING, "waiting for the group's generation")
@@ -194,7 +194,7 @@ def anywhere(core: Core, event: Event, ctx: Ctx, v: Variant) -> Step | None:
         case HoldRequested(reason=reason) if not v.group and core.held is None:  # a node cannot alone
             return _hold(core, ctx, v, reason)
         case StartRequested(reason=reason) if s is State.GAVE_UP and core.pid is None:
-            return _start(core, reason, "")
+            return _start(core, reason)
         case RestartRequested(reason=reason) if not v.group:  # group.restart_refusal: a node cannot alone
             return jobs.restart_requested(core, ctx, v, reason)
         case GpuLost(detail=detail) if s is not State.STOPPED:
@@ -251,13 +251,14 @@ def _hold(core: Core, ctx: Ctx, v: Variant, reason: str) -> Step:
                  Emit(ev.ServerHeld(reason=reason, since=held.since))]
 
 
-def _start(core: Core, reason: str, held_since: str) -> Step:
+def _start(core: Core, reason: str) -> Step:
     """An operator's start: a held (or given-up) server prepared at once, the crash budget
     afresh. STOPPED/GAVE_UP -> PREPARING."""
+    held = core.held
     core, started = jobs.begin(replace(core, held=None, crash_times=(), failures=0), JobKind.START, None, reason)
     new, actions = prepare(core, f"started by an operator: {reason}")
     new, done = jobs.finish(new, "prepared at once")
-    released = [Emit(ev.ServerReleased(reason=reason, held_since=held_since))] if held_since else []
+    released = [Emit(ev.ServerReleased(reason=reason, held_since=held.since))] if held is not None else []
     return new, [*started, *released, *actions, *done]
 
 
