@@ -80,7 +80,8 @@ def runtime_oom(t: Trial) -> None:
     crash = d.wait_for("crash")
     assert (crash["cause"], crash["phase"], crash["next_mem_fraction_static"]) == ("cuda_oom_runtime", "serving", 0.88)
     _recovers(t, d, crash, mem_fraction_static=0.88)
-    assert d.find("recovered", cause="cuda_oom_runtime")
+    # emitted in the same step as server_ready, but its own line: the log may be read between the two
+    assert d.wait_for("recovered", timeout=10, cause="cuda_oom_runtime")
     assert (result.completed, result.failed) == (6, 0)
     t.extra["load_retries"] = result.retries
 
