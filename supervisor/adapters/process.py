@@ -141,28 +141,40 @@ class RotatingLog:
 
 
 class Tail:
-    """The last ``limit`` bytes of output: a deque of chunks, old ones dropped whole, so an
-    append copies nothing and memory stays at ``limit`` plus one chunk."""
+    """The last ``limit`` bytes of output, kept in blocks (64 KiB, or the limit if smaller):
+    reads are copied into the newest block and the oldest block is dropped whole, so memory
+    stays at ``limit`` plus one block whatever the reads' sizes (a line per read is common),
+    and the allocator sees a few large buffers, not one small object per read."""
+
+    BLOCK = 64 * 1024
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._chunks: collections.deque[bytes] = collections.deque()
+        self.block = min(self.BLOCK, limit)
+        self._blocks: collections.deque[bytearray] = collections.deque()
         self._size = 0
         self.total = 0  # bytes appended since the launch: where a moment sits in the output
 
-    def append(self, data: bytes) -> None:
-        self.total += len(data)
-        if len(data) >= self.limit:
-            self._chunks.clear()
-            data = data[-self.limit :]
+    def append(self, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        self.total += len(view)
+        if len(view) >= self.limit:
+            self._blocks.clear()
             self._size = 0
-        self._chunks.append(data)
-        self._size += len(data)
-        while self._size - len(self._chunks[0]) >= self.limit:
-            self._size -= len(self._chunks.popleft())
+            view = view[-self.limit :]
+        while view:
+            if not self._blocks or len(self._blocks[-1]) >= self.block:
+                self._blocks.append(bytearray())
+            block = self._blocks[-1]
+            piece = view[: self.block - len(block)]
+            block += piece
+            self._size += len(piece)
+            view = view[len(piece):]
+        while self._size - len(self._blocks[0]) >= self.limit:
+            self._size -= len(self._blocks.popleft())
 
     def get(self) -> bytes:
-        return b"".join(self._chunks)[-self.limit :]
+        return b"".join(self._blocks)[-self.limit :]
 
 
 class ServerProcess:
@@ -191,6 +203,11 @@ class ServerProcess:
         self._partial = b""
         self._known: dict[int, float] = {}  # descendant pid -> create_time
         self._fd: int | None = fd
+        # One buffer for every read, copied out at the size read: ``os.read(fd, 1 MiB)``
+        # would ask malloc for 1 MiB (an mmap) and shrink it in place, so each kept small
+        # read would cost a 4 KiB page and a mapping of its own.
+        self._buf = bytearray(PIPE_SIZE)
+        self._view = memoryview(self._buf)
         self._loop = asyncio.get_running_loop()
         self._eof = self._loop.create_future()
         self._poll_handle: asyncio.TimerHandle | None = None
@@ -242,14 +259,15 @@ class ServerProcess:
         if fd is None:
             return None
         try:
-            data = os.read(fd, PIPE_SIZE)
+            n = os.readv(fd, (self._buf,))
         except BlockingIOError:
             return 0
         except OSError:
-            data = b""
-        if not data:
+            n = 0
+        if not n:
             self._finish()
             return None
+        data = self._view[:n].tobytes()
         self.last_output_at = self._loop.time()
         self.log.write(data)
         self.tail.append(data)
