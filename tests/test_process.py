@@ -166,6 +166,21 @@ def test_the_tail_keeps_small_reads_in_a_few_blocks():
     assert tail._size <= 256 * 1024 + Tail.BLOCK
 
 
+def test_the_tail_is_the_outputs_last_bytes_whatever_the_reads():
+    """Reads of every size, against the output itself: the tail is always its last bytes."""
+    import random
+
+    rng = random.Random(7)
+    for limit in (4096, 100_000, 256 * 1024):
+        tail, out = Tail(limit), bytearray()
+        for _ in range(600):
+            chunk = rng.randbytes(rng.choice((1, 150, 4000, 70_000, limit, limit + 3)))
+            tail.append(chunk)
+            out += chunk
+            assert tail.get() == bytes(out[-limit:])
+            assert tail.total == len(out) and tail._size <= limit + tail.block
+
+
 class _NoProc:
     pid = 0
     returncode = 0

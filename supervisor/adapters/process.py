@@ -141,10 +141,11 @@ class RotatingLog:
 
 
 class Tail:
-    """The last ``limit`` bytes of output, kept in blocks (64 KiB, or the limit if smaller):
-    reads are copied into the newest block and the oldest block is dropped whole, so memory
-    stays at ``limit`` plus one block whatever the reads' sizes (a line per read is common),
-    and the allocator sees a few large buffers, not one small object per read."""
+    """The last ``limit`` bytes of output, kept in fixed blocks (64 KiB, or the limit if
+    smaller), each allocated once at its full size: reads are copied into the newest block
+    and the oldest block is dropped whole. Memory stays at ``limit`` plus one block whatever
+    the reads' sizes (a line per read is common), and the allocator sees a few equal buffers,
+    never one small object per read nor a buffer regrown read after read."""
 
     BLOCK = 64 * 1024
 
@@ -152,6 +153,7 @@ class Tail:
         self.limit = limit
         self.block = min(self.BLOCK, limit)
         self._blocks: collections.deque[bytearray] = collections.deque()
+        self._fill = self.block  # bytes used in the newest block (full: the next read starts one)
         self._size = 0
         self.total = 0  # bytes appended since the launch: where a moment sits in the output
 
@@ -160,21 +162,26 @@ class Tail:
         self.total += len(view)
         if len(view) >= self.limit:
             self._blocks.clear()
-            self._size = 0
+            self._fill, self._size = self.block, 0
             view = view[-self.limit :]
         while view:
-            if not self._blocks or len(self._blocks[-1]) >= self.block:
-                self._blocks.append(bytearray())
-            block = self._blocks[-1]
-            piece = view[: self.block - len(block)]
-            block += piece
+            if self._fill == self.block:
+                self._blocks.append(bytearray(self.block))
+                self._fill = 0
+            piece = view[: self.block - self._fill]
+            self._blocks[-1][self._fill : self._fill + len(piece)] = piece
+            self._fill += len(piece)
             self._size += len(piece)
             view = view[len(piece):]
-        while self._size - len(self._blocks[0]) >= self.limit:
-            self._size -= len(self._blocks.popleft())
+        while len(self._blocks) > 1 and self._size - self.block >= self.limit:
+            self._blocks.popleft()
+            self._size -= self.block
 
     def get(self) -> bytes:
-        return b"".join(self._blocks)[-self.limit :]
+        if not self._blocks:
+            return b""
+        *full, last = self._blocks
+        return b"".join([*full, memoryview(last)[: self._fill]])[-self.limit :]
 
 
 class ServerProcess:
