@@ -239,6 +239,7 @@ class MqttTransport:
         self._inflight: Outgoing | None = None
         self._wake = asyncio.Event()
         self._closing = asyncio.Event()
+        self._say_offline = True  # a close publishes the retained ``offline`` (not a re-exec's)
         self._task: asyncio.Task[None] | None = None
         self._warned: set[str] = set()
         self._link = Reconnect(
@@ -308,8 +309,11 @@ class MqttTransport:
             self._log.warning("mqtt_password_without_username", detail="password_file is ignored without username")
         self._task = asyncio.create_task(self._run(), name="mqtt-alerts")
 
-    async def aclose(self, timeout_s: float = 5.0) -> None:
-        """Deliver what is queued and a retained ``offline`` (within ``timeout_s``), then stop."""
+    async def aclose(self, timeout_s: float = 5.0, *, offline: bool = True) -> None:
+        """Deliver what is queued and a retained ``offline`` (within ``timeout_s``), then stop.
+        ``offline`` False (a re-exec): no ``offline``, and a clean DISCONNECT, so the broker
+        does not fire the Last Will either; the next program says ``online`` again."""
+        self._say_offline = offline
         self._closing.set()
         self._wake.set()
         if self._task is None:
@@ -319,6 +323,15 @@ class MqttTransport:
             await cancel_and_wait([self._task], timeout_s=1.0)
         if self.pending:
             self._log.warning("alerts_undelivered", pending=self.pending, broker=f"{self._cfg.host}:{self._cfg.port}")
+
+    async def restart(self) -> None:
+        """Connect again after ``aclose`` (a re-exec whose exec failed)."""
+        if self.running:
+            return
+        self._closing.clear()
+        self._say_offline = True
+        self._task = None
+        await self.start()
 
     async def offline_now(self, timeout_s: float) -> None:
         """The retained ``offline`` over a connection of its own, bounded by ``timeout_s``: for a
@@ -396,7 +409,8 @@ class MqttTransport:
             self._up = True
             self._set_connected(True)
             await self._drain(client, watch)
-            await _race(self._publish(client, self.status_topic, b"offline", qos=1, retain=True), watch)
+            if self._say_offline:
+                await _race(self._publish(client, self.status_topic, b"offline", qos=1, retain=True), watch)
         finally:
             await cancel_and_wait([watch])
             await _close(client)

@@ -414,14 +414,24 @@ class ServerHandle(Protocol):
     def tree(self) -> list[tuple[int, float]]: ...
     async def stop(self, grace_s: float, first: signal.Signals | None = ...) -> ExitStatus: ...
     async def close(self) -> None: ...
+    # A re-exec (``adapters.reexec``): stop reading and say what the next daemon needs; or,
+    # when the exec failed, read on.
+    def hand_over(self) -> dict[str, Any]: ...
+    def resume(self) -> None: ...
+    @property
+    def kept_fds(self) -> list[int]: ...
 
 
 class ServerSpawner(Protocol):
-    """Starts a server (the ``ServerProcess`` class); raises ``process.ProcessError``."""
+    """Starts a server (the ``ServerProcess`` class); raises ``process.ProcessError``. ``adopt``
+    takes on one a re-exec handed over (``ServerHandle.hand_over``'s fields)."""
 
     async def spawn(
         self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None, log: ServerLog, tail_bytes: int,
     ) -> ServerHandle: ...
+
+    def adopt(self, pid: int, pipe_fd: int, *, log: ServerLog, tail_bytes: int, tail: bytes, tail_total: int,
+              known: Sequence[tuple[int, float]], parts: Sequence[tuple[int, int, str]]) -> ServerHandle: ...
 
 
 class Prober(Protocol):
@@ -552,6 +562,18 @@ class UnitPorts:
     host: str = field(default_factory=socket.gethostname)
 
 
+class ReexecPort(Protocol):
+    """Re-executing the daemon in place (``adapters.reexec``; the CLI builds it)."""
+
+    inherited: Mapping[str, Any] | None  # the hand-over this program was exec'd with
+    inherited_error: str | None  # why a hand-over could not be read (its servers are relaunched)
+
+    async def check(self) -> str | None: ...  # the installed code's check: None, or why not
+    async def before_exec(self) -> None: ...  # MQTT's clean disconnect (no Last Will)
+    async def after_failed_exec(self) -> None: ...  # MQTT again
+    def exec(self, doc: Mapping[str, Any], keep_fds: Sequence[int]) -> None: ...  # raises OSError
+
+
 @dataclass
 class Ports:
     """The daemon's own ports: what there is one of (its state directory's lock, its sinks,
@@ -576,3 +598,5 @@ class Ports:
     # with the code given (os._exit). Both only for a daemon that owns its process.
     publish_offline: Callable[[float], Awaitable[None]] | None = None
     hard_exit: Callable[[int], None] | None = None
+    # Re-exec in place (``reexec``, SIGUSR2): only for a daemon that owns its process.
+    reexec: ReexecPort | None = None

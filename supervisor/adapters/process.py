@@ -28,6 +28,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -184,6 +185,45 @@ class Tail:
         return b"".join([*full, memoryview(last)[: self._fill]])[-self.limit :]
 
 
+class AdoptedChild:
+    """A child this process did not spawn in its current program (a server kept across a
+    re-exec): what ``ServerProcess`` needs of ``asyncio.subprocess.Process``, over a pidfd.
+    It is still our child and not yet reaped, so its pid cannot have been reused."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._loop = asyncio.get_running_loop()
+        self._done: asyncio.Future[None] = self._loop.create_future()
+        self._fd: int | None = os.pidfd_open(pid)
+        self._loop.add_reader(self._fd, self._reap)
+        self._reap()  # it may have ended during the exec
+
+    def _reap(self) -> None:
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:  # not ours to reap after all (never expected): say it ended
+            pid, status = self.pid, 255 << 8
+        if pid == 0:
+            return
+        self.returncode = os.waitstatus_to_exitcode(status)
+        if self._fd is not None:
+            self._loop.remove_reader(self._fd)
+            os.close(self._fd)
+            self._fd = None
+        if not self._done.done():
+            self._done.set_result(None)
+
+    async def wait(self) -> int:
+        await asyncio.shield(self._done)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+
 class ServerProcess:
     """One launched server: its pid/pgid, output pump and lifecycle.
 
@@ -196,7 +236,7 @@ class ServerProcess:
     empty pipe, or the server's exit switch back to watching.
     """
 
-    def __init__(self, proc: asyncio.subprocess.Process, fd: int, log: ServerLog, tail: Tail) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process | AdoptedChild, fd: int, log: ServerLog, tail: Tail) -> None:
         self._proc = proc
         self.pid = proc.pid
         self.pgid = proc.pid  # start_new_session=True: the leader of its own group
@@ -257,6 +297,52 @@ class ServerProcess:
             os.close(write_fd)  # only the child writes; EOF comes when the last writer exits
         os.set_blocking(read_fd, False)
         return cls(proc, read_fd, log, Tail(tail_bytes))
+
+    # -- a re-exec: handed over, then adopted ------------------------------------------------
+
+    def hand_over(self) -> dict[str, Any]:
+        """Stop reading (what is not read stays in the pipe for the next daemon) and say what
+        the next one needs: the pipe's and the parts' descriptors, the tail, the tree."""
+        if self._poll_handle is not None:
+            self._poll_handle.cancel()
+            self._poll_handle = None
+        if self._fd is not None and self._watching:
+            self._loop.remove_reader(self._fd)
+            self._watching = False
+        for fd, _title in self._part_fds.values():
+            self._loop.remove_reader(fd)
+        return {
+            "pid": self.pid, "pipe_fd": self._fd, "tail": self.tail.get(), "tail_total": self.tail.total,
+            "known": sorted(self._known.items()),
+            "parts": [(pid, fd, title) for pid, (fd, title) in sorted(self._part_fds.items())],
+        }
+
+    def resume(self) -> None:
+        """The exec failed: read and watch again, as before ``hand_over``."""
+        for pid, (fd, _title) in self._part_fds.items():
+            self._loop.add_reader(fd, self._part_exited, pid)
+        self._watch_pipe()
+
+    @property
+    def kept_fds(self) -> list[int]:
+        """What an exec must keep open for the next daemon to adopt this server."""
+        return [fd for fd in (self._fd, *(f for f, _t in self._part_fds.values())) if fd is not None]
+
+    @classmethod
+    def adopt(cls, pid: int, pipe_fd: int, *, log: ServerLog, tail_bytes: int, tail: bytes, tail_total: int,
+              known: Sequence[tuple[int, float]], parts: Sequence[tuple[int, int, str]]) -> ServerProcess:
+        """A server handed over by the daemon this process was before its exec: its output
+        read on from the same pipe, its tail and tree as they were, its parts still watched."""
+        os.set_blocking(pipe_fd, False)
+        kept = Tail(tail_bytes)
+        kept.append(tail)
+        kept.total = tail_total
+        server = cls(AdoptedChild(pid), pipe_fd, log, kept)
+        server._known = dict(known)
+        for part_pid, fd, title in parts:
+            server._part_fds[part_pid] = (fd, title)
+            server._loop.add_reader(fd, server._part_exited, part_pid)
+        return server
 
     # -- output -----------------------------------------------------------------------------
 

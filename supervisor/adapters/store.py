@@ -26,15 +26,32 @@ LOCK_FILE = "daemon.lock"
 
 
 class StateStore:
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    def __init__(self, directory: str | os.PathLike[str], *, inherited_lock: int | None = None) -> None:
         self.dir = Path(directory)
         self.path = self.dir / STATE_FILE
         self._lock_fd: int | None = None
+        self._inherited_lock = inherited_lock  # the lock a re-exec kept open (``adapters.reexec``)
+
+    @property
+    def lock_fd(self) -> int | None:
+        return self._lock_fd
 
     # -- lock -------------------------------------------------------------------------------
 
     def acquire(self) -> None:
-        """Take the daemon lock; StoreError names the holder when another daemon runs."""
+        """Take the daemon lock; StoreError names the holder when another daemon runs. After
+        a re-exec the lock kept open across it is still ours: it is held on, never let go."""
+        inherited, self._inherited_lock = self._inherited_lock, None
+        if inherited is not None:
+            try:
+                fcntl.flock(inherited, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ours: the same open file
+                os.set_inheritable(inherited, False)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.close(inherited)
+            else:
+                self._lock_fd = inherited
+                return
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)

@@ -4,6 +4,7 @@
     sglang-supervisor check-config --config F
     sglang-supervisor status --config F [--server NAME] [--json]       (cli/status.py)
     sglang-supervisor restart --config F [--server NAME] [--no-wait]   (cli/restart.py)
+    sglang-supervisor reexec --config F                                (cli/reexec.py)
     sglang-supervisor stop|start --config F [--server NAME] [--no-wait] (cli/maintenance.py)
     sglang-supervisor logs --config F [--server NAME] [-n N] [-f] [--launch N]  (cli/logs.py)
     sglang-supervisor explain LOGFILE|- [--json] [--launch N] [--config F]  (cli/explain.py)
@@ -168,6 +169,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for READY (default 3600)")
 
     p = _command(
+        sub, "reexec", "re-execute the running daemon in place (an upgrade): the same pid, the servers serving on",
+        f"pip install -U sglang-supervisor && sglang-supervisor reexec --config {CONFIG}",
+        "Ask the running daemon to re-execute itself with the code installed now (as systemd's "
+        "daemon-reexec does): it checks the new code (--version, check-config), waits for a safe "
+        "point, hands its state over and execs, keeping its pid, its servers' output pipes and its "
+        "lock. The new program adopts each server where it stands: no relaunch, no request lost. "
+        "SIGUSR2 does the same (systemctl kill -s USR2). Exit 0 when every server was adopted.",
+    )
+    _add_config(p)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the new program (default 300)")
+    p.add_argument("--reason", default="sglang-supervisor reexec", help="why, for the journal")
+
+    p = _command(
         sub, "explain", "diagnose a crash log",
         "sglang-supervisor explain --launch 2 /var/log/sglang-supervisor/kimi/server.log\n"
         "  journalctl -u my-old-sglang -o cat | sglang-supervisor explain -",
@@ -311,6 +325,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from supervisor.cli.restart import restart
 
         return restart(cfg, server=args.server, wait=not args.no_wait, timeout_s=args.timeout)
+    if cmd == "reexec":
+        from supervisor.cli.reexec import reexec
+
+        return reexec(cfg, timeout_s=args.timeout, reason=args.reason, out=sys.stdout)
     if cmd == "preflight":
         from supervisor.cli import preflight
 

@@ -50,7 +50,8 @@ async def run_daemon_async(
     from supervisor.services import preflight
     from supervisor.sinks import logs
 
-    router = router_client(cfg)  # first: a bad token file stops here, before anything is started
+    reexec_port = ReexecAdapter(cfg, config_path, overrides)  # first: what a re-exec handed over, if one did
+    router = router_client(cfg)  # a bad token file stops here, before anything is started
     group_etcd = etcd_client(cfg, "[group]") if cfg.group.enabled else None
     # [fleet]: etcd's client, not connected (the first call connects; an etcd away is the
     # fleet's error, not the daemon's). Without [fleet] its library is never imported.
@@ -105,12 +106,15 @@ async def run_daemon_async(
         return load_config(config_path, overrides)
 
     # One store per state directory: a single [server]'s is the daemon's own (its lock).
-    stores = {cfg.state.dir: StateStore(cfg.state.dir)}
+    stores = {cfg.state.dir: StateStore(cfg.state.dir, inherited_lock=reexec_port.lock_of(cfg.state.dir))}
+    reexec_port.stores, reexec_port.alerters = stores, alerters
 
     def unit_ports(unit: Config) -> UnitPorts:
         """A server's own ports (its store, a probe of its GPUs, its sinks) and the shared ones."""
+        if unit.state.dir not in stores:
+            stores[unit.state.dir] = StateStore(unit.state.dir, inherited_lock=reexec_port.lock_of(unit.state.dir))
         return UnitPorts(
-            store=stores.setdefault(unit.state.dir, StateStore(unit.state.dir)), logger=logger, cleanup=cleanup,
+            store=stores[unit.state.dir], logger=logger, cleanup=cleanup,
             preflight=preflight.HostPreflight(cleanup), spawner=ServerProcess, prober=HealthProber, gpu_monitor=gpu.GpuMonitor,
             open_log=RotatingLog, oom_kills=cgroup_oom_kills, gpu_probe=registry.make_probe(unit.gpu),
             sinks=server_sinks.get(unit_name(unit), ()), router=router, group_etcd=group_etcd, fleet_store=fleet_store,
@@ -134,6 +138,8 @@ async def run_daemon_async(
         publish_offline=lambda timeout_s: publish_offline(alerters, timeout_s),
         # Past the shutdown's deadline a daemon that owns its process ends it at once.
         hard_exit=os._exit if install_signals else None,
+        # Re-exec in place: only a daemon that owns its process (the CLI's) replaces its program.
+        reexec=reexec_port if install_signals else None,
     )
     daemon = Daemon(cfg, ports)
     if on_daemon is not None:
@@ -154,6 +160,64 @@ async def run_daemon_async(
         if metrics_server is not None:
             await metrics_server.close()
         daemon.disarm()
+
+
+class ReexecAdapter:
+    """The daemon's ``ReexecPort`` (``adapters.reexec``): what this program was handed over
+    by the one it replaced, if any, and how it replaces itself in turn. Built first, before
+    any descriptor is opened: a hand-over it cannot read has what it inherited closed."""
+
+    def __init__(self, cfg: Config, config_path: str | None, overrides: Sequence[str]) -> None:
+        from supervisor.adapters import reexec
+        from supervisor.daemon import HANDOVER_VERSION
+
+        self._cfg, self._config_path, self._overrides = cfg, config_path, list(overrides)
+        self.stores: Mapping[str, Any] = {}
+        self.alerters: Sequence[MqttTransport] = ()
+        self.inherited: Mapping[str, Any] | None = None
+        self.inherited_error: str | None = None
+        path = reexec.inherited_path()
+        if path is None:
+            return
+        why = None
+        try:
+            doc = reexec.read(path)
+        except (OSError, ValueError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        else:
+            if doc.get("version") != HANDOVER_VERSION:
+                why = f"format {doc.get('version')!r}, this program reads {HANDOVER_VERSION}"
+            elif doc.get("pid") != os.getpid():
+                why = f"written by pid {doc.get('pid')}, not this one ({os.getpid()})"
+            else:
+                self.inherited = doc
+        if why is not None:
+            self.inherited_error = f"the hand-over {path} cannot be read ({why}): its servers are relaunched"[:300]
+            reexec.close_inherited()  # what it names cannot be adopted: no pipe left open and unread
+
+    def lock_of(self, state_dir: str) -> int | None:
+        locks = (self.inherited or {}).get("locks") or {}
+        fd = locks.get(str(state_dir))
+        return fd if isinstance(fd, int) else None
+
+    async def check(self) -> str | None:
+        from supervisor.adapters import reexec
+
+        return await reexec.check_new_code(reexec.entry_prefix(), self._config_path, self._overrides, os.environ)
+
+    async def before_exec(self) -> None:
+        await asyncio.gather(*(a.aclose(offline=False) for a in self.alerters), return_exceptions=True)
+
+    async def after_failed_exec(self) -> None:
+        await asyncio.gather(*(a.restart() for a in self.alerters), return_exceptions=True)
+
+    def exec(self, doc: Mapping[str, Any], keep_fds: Sequence[int]) -> None:
+        from supervisor.adapters import reexec
+
+        locks = {d: s.lock_fd for d, s in self.stores.items() if getattr(s, "lock_fd", None) is not None}
+        path = reexec.path_in(self._cfg.state.dir)
+        reexec.write(path, {**doc, "locks": locks})
+        reexec.exec_in_place([*keep_fds, *locks.values()], path)
 
 
 async def publish_offline(alerters: Sequence[MqttTransport], timeout_s: float) -> None:

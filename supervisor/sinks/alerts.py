@@ -50,6 +50,7 @@ from supervisor.core.events import (
     HeadroomLow,
     PortInUse,
     Recovered,
+    ReexecRefused,
     RestartScheduled,
     ServerDown,
     ServerHeld,
@@ -277,8 +278,16 @@ def _port_in_use(e: PortInUse, who: str) -> Said:
 
 
 def _daemon_failed(e: DaemonFailed, who: str) -> Said:
+    if e.reexec:
+        return Said(f"the supervisor of {who} hit a bug ({e.task}: {e.error}); it re-executes in place, "
+                    "its servers serving on - report the bug with the journal's traceback")
     return Said(f"the supervisor of {who} failed ({e.task}: {e.error}); it stopped "
                 "its server and exits for systemd to restart it")
+
+
+def _reexec_refused(e: ReexecRefused, who: str) -> Said:
+    return Said(f"the supervisor of {who} did not re-execute ({e.error}); the running one supervises on, "
+                "its servers untouched - fix the installed code and ask again")
 
 
 def _etcd_unreachable(e: GroupEtcdUnreachable, who: str) -> Said:
@@ -349,6 +358,8 @@ def said(event: object, *, host: str, instance: str) -> Said | None:
             return _port_in_use(event, who)
         case DaemonFailed():
             return _daemon_failed(event, who)
+        case ReexecRefused():
+            return _reexec_refused(event, who)
         case GroupEtcdUnreachable():
             return _etcd_unreachable(event, who)
         case DailySummary():

@@ -40,6 +40,7 @@ EVENT_LEVELS = {
     "server_down": "warning",
     "link_down": "warning",
     "daemon_failed": "error",
+    "reexec_refused": "warning",
     "state_write_failed": "warning",
     "server_log_write_failed": "warning",
     "fleet_error": "warning",

@@ -67,6 +67,8 @@ from supervisor.core.events import (
     ProbeAnswered,
     Recommended,
     Recovered,
+    ReexecRefused,
+    Reexecuted,
     RestartRequested,
     RestartScheduled,
     RouterCallFailed,
@@ -119,6 +121,8 @@ COUNTED: tuple[type[Event], ...] = (
     FleetUpdated,
     FleetError,
     DaemonFailed,
+    Reexecuted,
+    ReexecRefused,
 )
 COUNTED_EVENTS = tuple(cls.kind for cls in COUNTED)  # the label values
 LINKS = ("group", "router", "fleet", "mqtt")  # supervisor.aio.Reconnect's links

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as _dt
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
@@ -30,8 +31,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from supervisor.adapters.ports import Monitor, Prober, ServerHandle, UnitPorts
 from supervisor.aio import TaskScope
+from supervisor.core import codec, machine
 from supervisor.core import events as ev
-from supervisor.core import machine
 from supervisor.core.config import Config, alert_instance, unit_name, worker_url
 from supervisor.core.messages import (
     Action,
@@ -73,6 +74,25 @@ from supervisor.unit.statefile import StateFile
 if TYPE_CHECKING:
     from supervisor.services.fleet_sync import FleetSync
     from supervisor.services.grouping import GroupSync
+
+
+def _unfit(core: Core, life: Any) -> str | None:
+    """Why a handed-over core and launch do not go together (None: they do)."""
+    if (life is None) != (core.state is not State.READY):
+        return f"a {core.state} server {'without' if life is None else 'with'} a running launch"
+    if life is not None and life["server"]["pid"] != core.pid:
+        return f"the launch's pid {life['server']['pid']} is not the core's {core.pid}"
+    return None
+
+
+def _close_fds(doc: Any) -> None:
+    """The descriptors a hand-over names for a server that is not adopted: closed, so its
+    pipe does not stay open and unread here (the server would stall once it is full)."""
+    with contextlib.suppress(Exception):
+        server = doc["life"]["server"]
+        for fd in [server["pipe_fd"], *(part[1] for part in server["parts"])]:
+            with contextlib.suppress(OSError, TypeError):
+                os.close(int(fd))
 
 
 def wall_now() -> str:
@@ -140,6 +160,8 @@ class ServerUnit:
         self._router_removal: asyncio.Task[Any] | None = None
         self._group: GroupSync | None = None  # [group]: this node's part of the group
         self._fleet: FleetSync | None = None  # [fleet]: the record this server's fleet shares
+        self.adopted = False  # taken on from a re-exec's hand-over, where it stood (no Boot)
+        self.why_not_adopted: str | None = None
 
     @property
     def server(self) -> ServerHandle | None:
@@ -330,11 +352,14 @@ class ServerUnit:
 
     # -- start and end ----------------------------------------------------------------------
 
-    def start_background(self) -> None:
+    def start_background(self, adopt: dict[str, Any] | None = None) -> None:
         """The state file is read; then this server's GPU monitor, router, group and fleet
-        sync, each a task of the unit's; then its preparation, which knows the hand-over."""
+        sync, each a task of the unit's; then its preparation, which knows the hand-over.
+        ``adopt``: what a re-exec handed over for this server (``adopt``)."""
         loaded = self.state_file.load(self.cfg)
         self.core = Core.initial(loaded.learned, held=loaded.held, gave_up=loaded.gave_up)
+        if adopt is not None:
+            self.adopted, self.why_not_adopted = self._adopt(adopt)
         self._step_taken()
         cfg, p = self.cfg, self.p
         if cfg.gpu.backend != "none":
@@ -367,9 +392,77 @@ class ServerUnit:
                 timeout_s=cfg.etcd.timeout_s, environ=p.environ, rng=p.rng,
             )
             self._spawn(self._fleet.run(), "fleet")
-        self.handover.found(loaded.recorded, router=self._router, emit=self.emit)
+        if self.adopted:
+            core = self.core
+            if core.state is State.READY and self._router is not None:
+                self._router.want_in(worker_url(cfg))
+        else:
+            self.handover.found(loaded.recorded, router=self._router, emit=self.emit)
         self.prep = Preparation(p, instance_id=self.instance_id, handover=self.handover, fleet=self._fleet,
                                 emit=self.emit, log=self.log)
+
+    # -- a re-exec (docs/upgrade.md) ---------------------------------------------------------
+
+    def quiet(self) -> bool:
+        """At a point a re-exec can hand over as it stands: no job, no launch, stop or
+        diagnosis under way; serving with its server alive, or waiting with none."""
+        core = self.core
+        if core is None or core.job is not None or core.queued is not None or self.handover.serving:
+            return False
+        run = self.life.run
+        if core.state is State.READY:
+            return run is not None and run.server is not None and run.status is None
+        return core.state in (State.BACKOFF, State.STOPPED, State.GAVE_UP) and run is None
+
+    def hand_over(self, fired: Sequence[Timer] = ()) -> dict[str, Any]:
+        """What the next daemon needs to adopt this server where it stands: the core, its
+        timers' deadlines (monotonic: the clock runs on across an exec), the running launch
+        (its pump stopped here). ``fired``: timers due but not yet told to the core."""
+        core = self.core
+        assert core is not None
+        now = asyncio.get_running_loop().time()
+        timers = {str(name): handle.when() for name, handle in self._timers.items()}
+        timers.update({str(name): now for name in fired})
+        return {"core": codec.encode(core), "timers": timers, "life": self.life.hand_over()}
+
+    @property
+    def kept_fds(self) -> list[int]:
+        server = self.life.server
+        return server.kept_fds if server is not None else []
+
+    def resume(self) -> None:
+        """The exec failed: the pump reads on."""
+        self.life.resume()
+
+    def _adopt(self, doc: dict[str, Any]) -> tuple[bool, str | None]:
+        """The core and the launch a re-exec handed over, taken on where they stood: the core
+        decided on nothing since, its timers run on at their deadlines, the server's output is
+        read on from the same pipe. (False, why) when it cannot be: the server is then what
+        a killed daemon would have left, stopped as a planned stop would and relaunched."""
+        if "unadoptable" in doc:
+            return False, str(doc["unadoptable"])[:300]
+        try:
+            core = codec.decode(Core, doc["core"])
+            timers = {Timer(name): float(when) for name, when in doc["timers"].items()}
+            life = doc["life"]
+            unfit = _unfit(core, life)
+            if unfit is None and life is not None:
+                self.life.adopt(life, core.attempt)
+        except (codec.CodecError, KeyError, TypeError, ValueError, OSError) as exc:
+            _close_fds(doc)
+            return False, f"{type(exc).__name__}: {exc}"[:300]
+        if unfit is not None:
+            _close_fds(doc)
+            return False, unfit
+        self.core = replace(core, learned=core.learned.rebased(self.cfg))
+        loop = asyncio.get_running_loop()
+        if core.state is State.READY and Timer.PROBE not in timers:
+            timers[Timer.PROBE] = loop.time()  # its probe was in flight at the exec: probe again now
+        for name, when in timers.items():
+            self._timers[name] = loop.call_at(when, self._timer_fired, name)
+        if core.state is State.READY:
+            self.host.warm_diagnosis()
+        return True, None
 
     def _router_said(self, event: ev.Event) -> None:
         """The router's news; the worker id it gave is kept in the state file."""

@@ -11,6 +11,7 @@ dies. It decides nothing: what a death means, and whether its log is read, is th
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import math
 import os
@@ -346,6 +347,51 @@ class ServerLife:
         if self._kv is not None:
             await self._kv.aclose()
         await self._close_retired()
+
+    # -- a re-exec (``unit.reexec``) ---------------------------------------------------------
+
+    def hand_over(self) -> dict[str, Any] | None:
+        """The running launch as the next daemon needs it (its pump stopped: what the server
+        prints from here on waits in the pipe); None when no server runs."""
+        run = self.run
+        if run is None or run.server is None:
+            return None
+        return {
+            "nonce": run.nonce, "since": run.since, "ready_total": run.ready_total,
+            "oom_kills_at_launch": run.oom_kills_at_launch, "least_free": list(run.least_free),
+            "server": {**(kept := run.server.hand_over()), "tail": base64.b64encode(kept["tail"]).decode()},
+        }
+
+    def resume(self) -> None:
+        """The exec failed: the pump reads on."""
+        if self.server is not None:
+            self.server.resume()
+
+    def adopt(self, doc: dict[str, Any], attempt: int) -> ServerHandle:
+        """The launch a re-exec handed over, taken on where it stood: the same pipe read on
+        into the same log, the tail and tree as they were, the watch of its end."""
+        cfg = self.cfg
+        s = doc["server"]
+        log = self.p.open_log(
+            cfg.logging.server_log or Path(cfg.state.dir) / "server.log", cfg.logging.server_log_max_bytes,
+            cfg.logging.server_log_backups, on_error=lambda why: self._emit(ev.ServerLogWriteFailed(error=why)),
+        )
+        server = self.p.spawner.adopt(
+            int(s["pid"]), int(s["pipe_fd"]), log=log, tail_bytes=cfg.logging.tail_bytes, tail=base64.b64decode(s["tail"]),
+            tail_total=int(s["tail_total"]), known=[(int(p), float(t)) for p, t in s["known"]],
+            parts=[(int(p), int(fd), str(title)) for p, fd, title in s["parts"]],
+        )
+        run = self.run = LaunchLife(self.tasks.child(f"launch-{attempt}"), str(doc["nonce"]))
+        run.spawned.set()
+        run.server = server
+        run.since = doc["since"]
+        run.ready_total = doc["ready_total"]
+        run.oom_kills_at_launch = doc["oom_kills_at_launch"]
+        run.least_free = tuple(float(x) for x in doc["least_free"])
+        server.on_part_died = lambda pid, title: self._post(Died(None, pid, title))
+        server.spotted, server.on_spotted = SPOTTED, lambda line: self._on_spotted(run, line)
+        run.tasks.spawn(self._watched(run, server), "watch")
+        return server
 
     # -- what the state file keeps ----------------------------------------------------------
 

@@ -34,6 +34,36 @@ class DaemonFailed(Event):
     task: str
     error: str
     exit_code: int
+    reexec: bool = False  # it re-executes in place instead (at most 3 times an hour), servers untouched
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reexecuted(Event):
+    """The daemon re-executed itself in place (``reexec``, SIGUSR2, or a bug it survived):
+    said by the new program, with the servers it adopted where they stood and those it could
+    not (stopped as a planned stop would, then relaunched: ``relaunching``, with why)."""
+
+    kind = "reexec"
+    reason: str
+    from_version: str
+    version: str
+    pid: int
+    adopted: tuple[str, ...] = ()
+    relaunching: tuple[str, ...] = ()
+    why_not: str | None = None  # why a server was not adopted
+    gap_s: float | None = None  # from the exec to the new program's first step
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReexecRefused(Event):
+    """A re-exec was asked and refused (the new code fails its check, a step that cannot be
+    cut, a group): the old daemon supervises on, its servers untouched."""
+
+    kind = "reexec_refused"
+    alert = "reexec_refused"
+    severity = "warning"
+    reason: str
+    error: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
