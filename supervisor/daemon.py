@@ -25,7 +25,6 @@ import faulthandler
 import os
 import signal
 import sys
-import time
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -44,12 +43,13 @@ from supervisor.adapters.ports import (
     Store,
     StoreError,
 )
-from supervisor.aio import TaskScope, first_of, where, within
+from supervisor.aio import TaskScope, where, within
 from supervisor.core import events as ev
 from supervisor.core.config import Config, ConfigError, alert_instance, server_configs, unit_name
 from supervisor.core.group import restart_refusal
-from supervisor.core.messages import Boot, Event, TimerFired
+from supervisor.core.messages import Boot, Event
 from supervisor.services import maintenance
+from supervisor.services.reexec import InPlace
 from supervisor.services.rolling import PassEnd, another_serves, roll
 from supervisor.unit import ServerUnit, wall_now
 from supervisor.unit.handover import HandOver
@@ -98,10 +98,6 @@ EXIT_SHUTDOWN_OVERDUE = 3
 # A shutdown may take each server's drain (router removal, then stop_grace_s) plus this:
 # the SIGKILL and reaping, the last alerts (MqttTransport.aclose: 5 s), etcd's lease revoked.
 SHUTDOWN_MARGIN_S = 15.0
-# A re-exec waits this long for every server to reach a safe point (a start-up in flight
-# ends in READY or a crash); the hand-over's format, which a newer program may not read.
-REEXEC_QUIET_S = 120.0
-HANDOVER_VERSION = 1
 # A daemon bug (a task failed) re-execs at most this often an hour, after waiting this long
 # for the servers' safe point; past that it exits as before, for systemd to restart.
 BUG_REEXECS_PER_HOUR = 3
@@ -158,15 +154,8 @@ class Daemon:
         self._deadline: asyncio.TimerHandle | None = None  # the shutdown's, armed by the first stop request
         self._stop_requested_at: float | None = None
         self._warmed = False  # the diagnosis's tables loaded (``warm_diagnosis``)
-        # A re-exec (docs/upgrade.md): the one under way; while it hands over, the queue's
-        # items are held here, not fed (fed after all if the exec fails).
-        self._reexec_task: asyncio.Task[dict[str, Any]] | None = None
-        self._held: list[tuple[ServerUnit, Event] | _TaskFailed] | None = None
-        inherited = ports.reexec.inherited if ports.reexec is not None else None
-        # monotonic times of the re-execs in the last hour (a bug re-execs at most 3 an hour)
-        self._reexecs: list[float] = [float(t) for t in (inherited or {}).get("reexecs", [])]
-        self._execs = int((inherited or {}).get("execs", 0))  # re-execs since systemd started it
-        self._program_started = time.monotonic()  # this program's start (a re-exec's new one is later)
+        # Re-exec in place: while one hands over, the queue's items are held (``inplace.held``).
+        self.inplace = InPlace(self, ports.reexec, ports.notifier, _version())
         self.units = [self._unit(u) for u in server_configs(cfg)]
 
     def _unit(self, cfg: Config) -> ServerUnit:
@@ -203,16 +192,15 @@ class Daemon:
                 unit.start_background(adopt=handed.get(unit.name) if inherited is not None else None)
             await self._start_control()
             self.emit(ev.DaemonStarted(version=_version(), config=self.cfg.name, pid=os.getpid()))
-            if self.p.reexec is not None and (inherited is not None or self.p.reexec.inherited_error):
-                self._say_reexecuted(inherited)
+            self.inplace.say_reexecuted()
             self.p.notifier.ready()
             for unit in self.units:
                 if not unit.adopted:
                     unit.feed(Boot())
             while self.exit_code is None:
                 item = await self._queue.get()
-                if self._held is not None:
-                    self._held.append(item)  # a re-exec is handing over: fed if its exec fails
+                if self.inplace.held is not None:
+                    self.inplace.held.append(item)  # a re-exec is handing over: fed if its exec fails
                     continue
                 if isinstance(item, _TaskFailed):
                     self._fail(item)
@@ -330,6 +318,8 @@ class Daemon:
 
     def request_stop(self, reason: str) -> None:
         self._arm_deadline()
+        if self.inplace.busy and self.inplace.task is not None:
+            self.inplace.task.cancel()  # a stop wins over a re-exec not yet done: nothing held is lost
         if self._rolling is not None:
             self._rolling.cancel()
         for unit in self.units:
@@ -369,7 +359,7 @@ class Daemon:
         if request.get("cmd") == "reexec":
             reason = str(request.get("reason") or "requested over the control socket")[:200]
             answer = self.request_reexec(reason)
-            task = self._reexec_task
+            task = self.inplace.task
             if request.get("wait") is True and answer.get("ok") and task is not None:
                 # the check's outcome follows the acceptance: a refusal, or the connection
                 # closes with the exec (the CLI then asks the new program, ``hello``)
@@ -380,13 +370,7 @@ class Daemon:
                 return ControlReply(answer, _until_done(outcome), lambda: None)
             return answer
         if request.get("cmd") == "hello":
-            return {"ok": True, "pid": os.getpid(), "version": _version(), "execs": self._execs,
-                    "program_started": self._program_started,
-                    "why_not": self._why_not_adopted(),
-                    "servers": [{"name": u.name, "state": str(u.core.state) if u.core else None,
-                                 "pid": u.core.pid if u.core else None,
-                                 "attempt": u.core.attempt if u.core else None, "adopted": u.adopted}
-                                for u in self.units]}
+            return self.inplace.hello()
         if request.get("cmd") in (maintenance.STOP, maintenance.START):
             return self._maintenance(request)
         if request.get("cmd") == "restart":
@@ -431,112 +415,23 @@ class Daemon:
             return answer
         return ControlReply(answer, maintenance.follow(cmd, units, before), lambda: None)
 
-    # -- re-exec in place (docs/upgrade.md) ---------------------------------------------------
+    # -- re-exec in place (docs/upgrade.md; ``services.reexec``) ----------------------------
 
-    def reexec_refusal(self) -> str | None:
-        """Why this daemon cannot re-exec now (None: it can)."""
-        if self.p.reexec is None:
-            return "this daemon does not own its process (embedded): it cannot re-exec"
-        if self._closing or self.exit_code is not None:
-            return "the daemon is stopping"
-        if self._reexec_task is not None and not self._reexec_task.done():
-            return "a re-exec is already under way"
-        grouped = [u.name for u in self.units if u.cfg.group.enabled]
-        if grouped:
-            return ("a [group] node cannot re-exec in place yet (its etcd lease is not carried across): "
-                    "'systemctl restart' restarts the group")
-        return None
+    @property
+    def stopping(self) -> bool:
+        return self._closing or self.exit_code is not None
+
+    def requeue(self, item: Any) -> None:
+        self._queue.put_nowait(item)
 
     def request_reexec(self, reason: str) -> dict[str, Any]:
         """Re-execute the daemon in place, the servers serving on (``reexec``, SIGUSR2)."""
-        refused = self.reexec_refusal()
+        refused = self.inplace.refusal()
         if refused is not None:
             self.emit(ev.ReexecRefused(reason=reason, error=refused))
             return {"ok": False, "error": refused}
-        self._reexec_task = self.spawn(self._reexec(reason), "reexec")
+        self.inplace.task = self.spawn(self.inplace.run(reason), "reexec")
         return {"ok": True, "pid": os.getpid(), "version": _version()}
-
-    async def _reexec(self, reason: str, *, quiet_s: float = REEXEC_QUIET_S, partial: bool = False) -> dict[str, Any]:
-        """Check the installed code; wait for every server to be at a safe point (no launch,
-        stop or diagnosis under way: bounded); hold the queue; hand over; exec. Returns only
-        when refused or when the exec failed (the daemon then supervises on, unchanged)."""
-        port = self.p.reexec
-        assert port is not None
-        error = await port.check()
-        if error is None:
-            error = await self._until_quiet(quiet_s)
-            if partial:
-                error = None  # a bug's: who is not at a safe point is relaunched by the next program
-        if error is not None:
-            self.emit(ev.ReexecRefused(reason=reason, error=error))
-            return {"ok": False, "error": error}
-        self._held = []
-        self.p.notifier.reloading()
-        await port.before_exec()
-        loop = asyncio.get_running_loop()
-        fired: dict[str, list[Any]] = {}
-        for item in self._held:
-            if not isinstance(item, _TaskFailed) and isinstance(item[1], TimerFired):
-                fired.setdefault(item[0].name, []).append(item[1].name)
-        now = loop.time()
-        units: dict[str, dict[str, Any]] = {
-            u.name: u.hand_over(fired.get(u.name, ())) if u.quiet() else
-            {"unadoptable": f"it was {u.core.state if u.core else '-'}, mid-step, at the exec"}
-            for u in self.units
-        }
-        doc = {
-            "version": HANDOVER_VERSION, "pid": os.getpid(), "from_version": _version(), "reason": reason,
-            "exec_at": now, "execs": self._execs + 1, "reexecs": [t for t in self._reexecs if now - t < 3600.0] + [now],
-            "units": units,
-        }
-        self.log.info("reexec_handing_over", reason=reason, pid=os.getpid(), servers=[u.name for u in self.units])
-        error = "the exec returned"
-        try:
-            port.exec(doc, [fd for u in self.units if "core" in units[u.name] for fd in u.kept_fds])
-        except OSError as exc:
-            error = f"exec failed: {exc.strerror or exc}"
-        for unit in self.units:
-            unit.resume()
-        held, self._held = self._held, None
-        for item in held:
-            self._queue.put_nowait(item)
-        await port.after_failed_exec()
-        self.p.notifier.ready()
-        self.emit(ev.ReexecRefused(reason=reason, error=error))
-        return {"ok": False, "error": error}
-
-    async def _until_quiet(self, timeout_s: float) -> str | None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while True:
-            busy = [u for u in self.units if not u.quiet()]
-            if not busy:
-                return None
-            left = deadline - loop.time()
-            if left <= 0:
-                what = ", ".join(f"{u.name} {u.core.state if u.core else '-'}" for u in busy)
-                return f"no safe point within {timeout_s:g} s (a launch, stop or diagnosis under way: {what})"
-            await first_of({u.name: u.moved() for u in self.units}, timeout_s=left)
-
-    def _why_not_adopted(self) -> str | None:
-        if self.p.reexec is None or (self.p.reexec.inherited is None and not self.p.reexec.inherited_error):
-            return None
-        return self.p.reexec.inherited_error or "; ".join(
-            f"{u.name}: {u.why_not_adopted or 'not in the hand-over'}" for u in self.units if not u.adopted) or None
-
-    def _say_reexecuted(self, inherited: Mapping[str, Any] | None) -> None:
-        """The new program's first word: who was adopted, who is relaunched and why."""
-        assert self.p.reexec is not None
-        adopted = tuple(u.name for u in self.units if u.adopted)
-        relaunching = tuple(u.name for u in self.units if not u.adopted)
-        why = self._why_not_adopted()
-        exec_at = (inherited or {}).get("exec_at")
-        gap = asyncio.get_running_loop().time() - exec_at if isinstance(exec_at, int | float) else None
-        self.emit(ev.Reexecuted(
-            reason=str((inherited or {}).get("reason") or "unknown"), from_version=str((inherited or {}).get("from_version") or "?"),
-            version=_version(), pid=os.getpid(), adopted=adopted, relaunching=relaunching, why_not=why,
-            gap_s=round(gap, 3) if gap is not None else None,
-        ))
 
     def _pass_ended(self, task: asyncio.Task[PassEnd], names: Sequence[str]) -> dict[str, Any]:
         """The last line for a ``restart`` that waits: how the pass ended, each server's state."""
@@ -594,12 +489,11 @@ class Daemon:
             return
         error = repr(failed.error)[:300]
         now = asyncio.get_running_loop().time()
-        recent = [t for t in self._reexecs if now - t < 3600.0]
-        if not failed.final and self.reexec_refusal() is None and len(recent) < BUG_REEXECS_PER_HOUR:
+        if not failed.final and self.inplace.refusal() is None and self.inplace.in_last_hour(now) < BUG_REEXECS_PER_HOUR:
             self.log.error("daemon_bug", task=failed.task, error=error,
                            traceback="".join(traceback.format_exception(failed.error))[-4000:])
             self.emit(ev.DaemonFailed(task=failed.task, error=error, exit_code=EXIT_DAEMON_FAILED, reexec=True))
-            self._reexec_task = self.spawn(self._bug_reexec(failed), "reexec")
+            self.inplace.task = self.spawn(self._bug_reexec(failed), "reexec")
             return
         self._failure = failed
         self.emit(ev.DaemonFailed(task=failed.task, error=error, exit_code=EXIT_DAEMON_FAILED))
@@ -608,8 +502,8 @@ class Daemon:
     async def _bug_reexec(self, failed: _TaskFailed) -> dict[str, Any]:
         """A bug's re-exec: the servers at a safe point are adopted, the others (stuck in the
         step that failed) relaunched by the next program; refused, the daemon leaves as before."""
-        answer = await self._reexec(f"task {failed.task} failed: {failed.error!r}"[:200], quiet_s=BUG_QUIET_S,
-                                    partial=True)
+        answer = await self.inplace.run(f"task {failed.task} failed: {failed.error!r}"[:200], quiet_s=BUG_QUIET_S,
+                                        partial=True)
         self._queue.put_nowait(replace(failed, final=True))
         return answer
 

@@ -101,6 +101,7 @@ def test_every_alert_has_a_severity_and_one_wording() -> None:
         "group_etcd_unreachable": "etcd_unreachable", "daily_summary": "daily_summary",
         "climb": "climb", "climb_fell_back": "climb_fell_back",
         "server_held": "server_held", "server_released": "server_released",
+        "reexec_refused": "reexec_refused",
     }
     for kind, alert in kinds.items():
         assert ev.EVENTS[kind].severity in ("info", "warning", "critical"), kind

@@ -22,7 +22,8 @@ from harness import DaemonRun, write_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from supervisor.adapters.process import RotatingLog, ServerProcess
+from supervisor.adapters.output import RotatingLog
+from supervisor.adapters.process import ServerProcess
 from supervisor.core.diagnosis import INTERNAL_ERROR_TYPE, diagnose
 from supervisor.core.diagnosis.startup_facts import StartupFactsParser
 from supervisor.core.model import Diagnosis, Phase

@@ -13,7 +13,7 @@ from pathlib import Path
 import tomli_w
 from harness import REPO
 
-from supervisor.adapters.process import RotatingLog
+from supervisor.adapters.output import RotatingLog
 from supervisor.cli.logs import logs
 from supervisor.core.config import load_config
 from supervisor.core.diagnosis.launches import launch_marker

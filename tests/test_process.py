@@ -10,7 +10,8 @@ import sys
 import psutil
 import pytest
 
-from supervisor.adapters.process import RotatingLog, ServerProcess, Tail
+from supervisor.adapters.output import RotatingLog, Tail
+from supervisor.adapters.process import ServerProcess
 from supervisor.core.ownership import server_env
 
 PY = sys.executable

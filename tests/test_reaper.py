@@ -23,8 +23,9 @@ from conftest import wait_until
 from harness import DaemonRun, write_config
 
 from supervisor.adapters import reaper
+from supervisor.adapters.output import RotatingLog
 from supervisor.adapters.ports import ReapedChild, ReaperError
-from supervisor.adapters.process import RotatingLog, ServerProcess
+from supervisor.adapters.process import ServerProcess
 from supervisor.sim import simgpu
 
 PY = sys.executable

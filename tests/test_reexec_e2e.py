@@ -68,7 +68,7 @@ def _port(config: Path) -> int:
     return int(tomllib.loads(config.read_text())["server"]["port"])
 
 
-def test_reexec_adopts_the_server_where_it_stands_and_loses_no_line(tmp_path):
+def test_reexec_adopts_the_server_where_it_stands_and_loses_no_line(tmp_path, no_leftovers):
     """Same daemon pid, same server pid and launch, no relaunch, every request's log line
     once; then a server killed after the exec is noticed, diagnosed and relaunched as usual."""
     config = write_config(tmp_path, {"health": {"interval_s": 0.2}})
@@ -106,17 +106,16 @@ def test_reexec_adopts_the_server_where_it_stands_and_loses_no_line(tmp_path):
         assert d.find("launch")[-1]["pid"] != launched["pid"]
         assert ready["attempt"] < d.find("server_ready")[-1]["attempt"]
         assert d.stop() == 0
-    assert not simulator_mains()
 
 
-def test_a_hand_over_the_new_code_cannot_read_stops_and_relaunches_with_why(tmp_path):
+def test_a_hand_over_the_new_code_cannot_read_stops_and_relaunches_with_why(tmp_path, no_leftovers):
     """A newer hand-over format (planted: the re-executed program reads another one): the
     server is not left unsupervised, it is stopped and relaunched, and the reexec says why."""
     env = _planted(tmp_path, (
         "import os\n"
         "if os.environ.get('SGLANG_SUPERVISOR_HANDOVER'):\n"
-        "    import supervisor.daemon\n"
-        "    supervisor.daemon.HANDOVER_VERSION = 99\n"
+        "    import supervisor.services.reexec\n"
+        "    supervisor.services.reexec.HANDOVER_VERSION = 99\n"
     ))
     config = write_config(tmp_path)
     with DaemonRun(config, env=env) as d:
@@ -130,12 +129,11 @@ def test_a_hand_over_the_new_code_cannot_read_stops_and_relaunches_with_why(tmp_
         assert d.find("launch")[-1]["pid"] != old
         wait_until(lambda: not psutil.pid_exists(old) or psutil.Process(old).status() == psutil.STATUS_ZOMBIE,
                    20, 0.1, "the old server gone")
-        assert len(simulator_mains()) == 1 and d.proc.pid == said["pid"]
+        assert len(simulator_mains(no_leftovers)) == 1 and d.proc.pid == said["pid"]
         assert d.stop() == 0
-    assert not simulator_mains()
 
 
-def test_a_daemon_bug_reexecs_in_place_three_times_an_hour_then_exits(tmp_path):
+def test_a_daemon_bug_reexecs_in_place_three_times_an_hour_then_exits(tmp_path, no_leftovers):
     """A planted bug (the diagnosis's warm-up task raises, in every program): each time a
     re-exec, the server untouched; the fourth in the hour exits as before (code 1)."""
     env = _planted(tmp_path, (
@@ -158,10 +156,9 @@ def test_a_daemon_bug_reexecs_in_place_three_times_an_hour_then_exits(tmp_path):
         assert d.find("daemon_bug") and "planted bug" in d.find("daemon_bug")[0]["traceback"]
         wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
                    20, 0.1, "the server stopped by the exit")
-    assert not simulator_mains()
 
 
-def test_reexec_into_code_that_cannot_start_is_refused_and_the_old_daemon_supervises_on(tmp_path):
+def test_reexec_into_code_that_cannot_start_is_refused_and_the_old_daemon_supervises_on(tmp_path, no_leftovers):
     """The daemon's tree broken after it started (its entry point no longer imports): refused
     with one line and a ``reexec_refused`` alert; the same program supervises on."""
     tree = tmp_path / "tree"
@@ -181,4 +178,46 @@ def test_reexec_into_code_that_cannot_start_is_refused_and_the_old_daemon_superv
         os.kill(pid, signal.SIGKILL)  # still supervised by the old program
         d.wait_for("server_ready", timeout=60, count=2)
         assert d.stop() == 0
-    assert not simulator_mains()
+
+
+async def test_reexec_keeps_the_broker_quiet_and_the_counters_counting(tmp_path, no_leftovers):
+    """MQTT: a clean disconnect before the exec (the broker fires no ``offline`` Last Will)
+    and ``online`` again from the new program. Metrics: the counters go on from their values
+    (no reset) and count the re-exec."""
+    import asyncio
+
+    from conftest import free_port
+
+    from tests.mosquitto import Broker, Collector
+
+    metrics_port = free_port()
+    with Broker(tmp_path / "broker") as broker:
+        config = write_config(tmp_path, {
+            "mqtt": {"enabled": True, "host": broker.host, "port": broker.port, "topic_prefix": "t",
+                     "instance": "rx", "reconnect_initial_s": 0.2, "reconnect_max_s": 1.0},
+            "metrics": {"enabled": True, "listen": f"127.0.0.1:{metrics_port}"},
+        })
+        async with Collector(broker, "t/#") as seen:
+            with DaemonRun(config) as d:
+                await asyncio.to_thread(d.wait_for, "server_ready", 60)
+                status = await seen.wait_for(lambda: [m for m in seen.messages if m.payload == b"online"],
+                                             what="online")
+                topic = status[0].topic
+
+                def scrape() -> str:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+                        return r.read().decode()
+
+                before = await asyncio.to_thread(scrape)
+                assert re.search(r"^sglang_supervisor_launches_total(\{[^}]*\})? 1\.0$", before, re.M), before[:2000]
+                done = await asyncio.to_thread(_reexec, config)
+                assert done.returncode == 0, done.stdout + done.stderr
+                await seen.wait_for(lambda: len([m for m in seen.messages
+                                                 if m.topic == topic and m.payload == b"online"]) >= 2,
+                                    what="online again")
+                on_status = [m.payload for m in seen.messages if m.topic == topic]
+                assert b"offline" not in on_status, on_status
+                after = await asyncio.to_thread(scrape)
+                assert re.search(r"^sglang_supervisor_launches_total(\{[^}]*\})? 1\.0$", after, re.M), after[:2000]
+                assert re.search(r'^sglang_supervisor_events_total\{[^}]*event="reexec"[^}]*\} 1\.0$', after, re.M)
+                assert d.stop() == 0

@@ -1,6 +1,6 @@
 """The one way the adapters speak HTTP (aiohttp): a fresh connection per request, a total
 deadline, bounded header lines. Shared by the health prober and the router client; the
-adapters' independence contract (pyproject.toml) allows this module and ``ports`` alone.
+adapters' independence contract (pyproject.toml) shares this module, ``output`` and ``ports``.
 """
 
 from __future__ import annotations

@@ -41,8 +41,9 @@ async def run_daemon_async(
     from supervisor.adapters.cgroup import cgroup_oom_kills
     from supervisor.adapters.health import HealthProber, KvMetricsReader
     from supervisor.adapters.journald import JournalSocket
+    from supervisor.adapters.output import RotatingLog
     from supervisor.adapters.ports import Ports, UnitPorts
-    from supervisor.adapters.process import RotatingLog, ServerProcess
+    from supervisor.adapters.process import ServerProcess
     from supervisor.adapters.sdnotify import Notifier
     from supervisor.adapters.store import StateStore
     from supervisor.cli import registry
@@ -81,6 +82,8 @@ async def run_daemon_async(
                 headroom_min_gb=unit.gpu.headroom_min_gb, hostname=host, gpu_indices=unit.gpu.indices,
             )
             own.append(metrics)
+            metrics.restore_counters(reexec_port.counters_of(name))  # a re-exec: counts go on
+            reexec_port.metrics[name] = metrics
         if cfg.report.enabled:
             own.extend(report_sinks(unit, logger))
         if cfg.mqtt.enabled:
@@ -169,10 +172,11 @@ class ReexecAdapter:
 
     def __init__(self, cfg: Config, config_path: str | None, overrides: Sequence[str]) -> None:
         from supervisor.adapters import reexec
-        from supervisor.daemon import HANDOVER_VERSION
+        from supervisor.services.reexec import HANDOVER_VERSION
 
         self._cfg, self._config_path, self._overrides = cfg, config_path, list(overrides)
         self.stores: Mapping[str, Any] = {}
+        self.metrics: dict[str, Metrics] = {}  # each server's, whose counters the exec carries
         self.alerters: Sequence[MqttTransport] = ()
         self.inherited: Mapping[str, Any] | None = None
         self.inherited_error: str | None = None
@@ -195,6 +199,10 @@ class ReexecAdapter:
             self.inherited_error = f"the hand-over {path} cannot be read ({why}): its servers are relaunched"[:300]
             reexec.close_inherited()  # what it names cannot be adopted: no pipe left open and unread
 
+    def counters_of(self, server: str) -> list[Any]:
+        values = ((self.inherited or {}).get("metrics") or {}).get(server)
+        return values if isinstance(values, list) else []
+
     def lock_of(self, state_dir: str) -> int | None:
         locks = (self.inherited or {}).get("locks") or {}
         fd = locks.get(str(state_dir))
@@ -216,7 +224,8 @@ class ReexecAdapter:
 
         locks = {d: s.lock_fd for d, s in self.stores.items() if getattr(s, "lock_fd", None) is not None}
         path = reexec.path_in(self._cfg.state.dir)
-        reexec.write(path, {**doc, "locks": locks})
+        counters = {name: m.counter_values() for name, m in self.metrics.items()}
+        reexec.write(path, {**doc, "locks": locks, "metrics": counters})
         reexec.exec_in_place([*keep_fds, *locks.values()], path)
 
 

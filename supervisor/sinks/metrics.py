@@ -23,6 +23,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
@@ -326,6 +327,31 @@ class Metrics:
             self.link_up.labels(link).set(NAN)
 
     # -- EventSink ---------------------------------------------------------------------
+
+    # -- a re-exec carries the counters across (docs/upgrade.md) ----------------------------
+
+    def _counters(self) -> list[Counter]:
+        return [v for v in vars(self).values() if isinstance(v, Counter)]
+
+    def counter_values(self) -> list[tuple[str, dict[str, str], float]]:
+        """Every counter's value by family and labels: what a re-exec hands over, so that a
+        scrape after it sees the counts go on, not a reset."""
+        return [(family.name, dict(sample.labels), sample.value)
+                for counter in self._counters() for family in counter.collect()
+                for sample in family.samples if sample.name.endswith("_total") and sample.value > 0]
+
+    def restore_counters(self, values: Iterable[Sequence[Any]]) -> None:
+        """``counter_values`` of the program this one replaced, added to the counts (a value
+        for a counter or a label this version does not have is left out)."""
+        by_name = {family.name: c for c in self._counters() for family in c.describe()}
+        for name, labels, value in values:
+            counter = by_name.get(str(name))
+            if counter is None or not isinstance(value, int | float) or value <= 0 or not isinstance(labels, dict):
+                continue
+            try:
+                (counter.labels(**labels) if labels else counter).inc(float(value))
+            except ValueError:
+                continue  # labels this version's counter does not take
 
     def emit(self, event: Event) -> None:
         """Update the metrics an event touches; other events are ignored. Never raises.

@@ -18,6 +18,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -30,6 +32,7 @@ import psutil
 import pytest
 from chaoslib import TRIALS, Fault, Subscriber, Trial, after, chaos_trial, fill, full_tmpfs, gap, tally_alerts
 from conftest import free_port, wait_until
+from harness import REPO
 
 from supervisor.sim import simgpu
 from supervisor.sim.loadgen import run_load
@@ -456,6 +459,67 @@ def daemon_killed_mid_stop(t: Trial) -> None:
     # The next daemon may drain its own (SIGTERM-ignoring) server for 1 s, not 30.
     t.cfg.write_text(t.cfg.read_text().replace("stop_grace_s = 30.0", "stop_grace_s = 1.0"))
     _old_server_stopped_first(t, old, killed_at)
+
+
+def _reexec(t: Trial) -> dict[str, Any]:
+    """``sglang-supervisor reexec`` on the trial's config; its outcome, checked."""
+    done = subprocess.run([sys.executable, "-m", "supervisor.cli", "reexec", "--config", str(t.cfg), "--timeout", "60"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {"stdout": done.stdout}
+
+
+@fault("re-exec mid-startup", "ours",
+       "the re-exec waits for READY, then adopts the server: one launch, the same daemon and server pids",
+       "the reexec request")
+def reexec_mid_startup(t: Trial) -> None:
+    t.configure(sim_args=("--sim-load-s", "2.0"))
+    d = t.start()
+    launch = d.wait_for("launch")
+    asked = time.monotonic()
+    _reexec(t)
+    said = d.wait_for("reexec")
+    assert said["adopted"] and not said.get("relaunching") and said["pid"] == d.proc.pid
+    assert float(d.wait_for("server_ready")["mono"]) < float(said["mono"])
+    assert len(d.find("launch")) == 1 and psutil.pid_exists(int(launch["pid"]))
+    t.recover_s = round(float(said["mono"]) - asked, 3)
+
+
+@fault("re-exec mid-backoff", "ours",
+       "the backoff's deadline is carried across: relaunched once, at 0.88, when it ends; serving",
+       "the crash event, to the relaunch")
+def reexec_mid_backoff(t: Trial) -> None:
+    t.configure({"policy": {"backoff_initial_s": 3.0, "backoff_max_s": 3.0}}, sim_args=_fail_after("runtime_oom", 2.0))
+    d = t.start()
+    scheduled = d.wait_for("restart_scheduled")
+    _reexec(t)
+    said = d.wait_for("reexec")
+    assert said["adopted"] and not said.get("relaunching")
+    launch = d.wait_for("launch", attempt=2)
+    assert launch["mem_fraction_static"] == 0.88 and len(d.find("launch", attempt=2)) == 1
+    waited = float(launch["mono"]) - float(scheduled["mono"])
+    assert waited >= float(scheduled["delay_s"]) - 0.2, f"relaunched after {waited:.2f} s of a {scheduled['delay_s']} s backoff"
+    d.wait_for("server_ready", mem_fraction_static=0.88)
+    t.recover_s = round(waited, 3)
+
+
+@fault("re-exec mid-stop (an operator's restart under way)", "ours",
+       "the re-exec waits for the restart's READY, then adopts the new server: two launches, no third",
+       "the reexec request")
+def reexec_mid_stop(t: Trial) -> None:
+    t.configure({"server": {"stop_grace_s": 5.0}})
+    d = t.start()
+    d.wait_for("server_ready")
+    subprocess.run([sys.executable, "-m", "supervisor.cli", "restart", "--config", str(t.cfg), "--no-wait"],
+                   capture_output=True, timeout=60, cwd=REPO, check=True)
+    d.wait_for("state_changed", to="RESTARTING")
+    asked = time.monotonic()
+    _reexec(t)
+    said = d.wait_for("reexec")
+    assert said["adopted"] and not said.get("relaunching")
+    assert float(d.wait_for("server_ready", count=2)["mono"]) < float(said["mono"])
+    assert len(d.find("launch")) == 2
+    t.recover_s = round(float(said["mono"]) - asked, 3)
 
 
 @fault("wall-clock jump (hours and days, both ways)", "ours",

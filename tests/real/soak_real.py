@@ -333,6 +333,7 @@ class Night:
         self.prefix = f"soak-{os.getpid()}-{seed}"
         self.watch = Watch()
         self.t_start = time.monotonic()
+        self.tree = REPO  # the checkout whose daemon runs (a re-exec's test upgrades a copy)
 
     # -- setup
 
@@ -403,7 +404,7 @@ class Night:
         return p
 
     def _start_daemon(self) -> None:
-        self.d = DaemonRun(self.config)
+        self.d = DaemonRun(self.config, tree=self.tree)
         self.daemons.append(self.d)
         self.watch.root("daemon", self.d.proc.pid)
 
@@ -528,6 +529,26 @@ class Night:
         killed = self.d.find("orphans_killed")
         f.detail["orphans_killed"] = sum(len(e.get("pids") or []) for e in killed)
 
+    def _fault_reexec(self, f: Fault) -> None:
+        """``sglang-supervisor reexec`` (docs/upgrade.md), from the daemon's tree: the same
+        daemon and server pids and launches after it, nothing relaunched. Not in the night's
+        deck (the new program's memory is another's): ``test_real_reexec`` injects it."""
+        before = {n: (self.main_of(n), len(self.d.find("launch", server=n))) for n in SERVERS}
+        f.t0 = time.monotonic()
+        cmd = subprocess.run([sys.executable, "-m", "supervisor.cli", "reexec", "--config", str(self.config),
+                              "--timeout", "300"], cwd=self.tree, capture_output=True, text=True, timeout=400)
+        f.detail["rc"] = cmd.returncode
+        if cmd.returncode != 0:
+            raise AssertionError(f"reexec exited {cmd.returncode}: {(cmd.stdout + cmd.stderr)[-800:]}")
+        said = wait_until(lambda: [e for e in self.d.find("reexec") if float(e.get("mono", 0)) > f.t0],
+                          30, 0.2, "the reexec line")[0]
+        f.detail.update(gap_s=said.get("gap_s"), from_version=said.get("from_version"), version=said.get("version"),
+                        adopted=said.get("adopted"))
+        after = {n: (self.main_of(n), len(self.d.find("launch", server=n))) for n in SERVERS}
+        if after != before or said.get("pid") != self.d.proc.pid or said.get("relaunching"):
+            raise AssertionError(f"not adopted in place: {before} -> {after}; {said}")
+        f.recovered = time.monotonic()
+
     def _fault_state_unwritable(self, f: Fault) -> None:
         target = self.state_dir
         f.t0 = time.monotonic()
@@ -605,8 +626,9 @@ class Night:
     # -- the end
 
     def finish(self) -> dict[str, Any]:
-        self._foreign_timer.cancel()
-        self._foreign_timer.join(60)
+        if hasattr(self, "_foreign_timer"):  # a night of chosen faults (``inject`` alone) has none
+            self._foreign_timer.cancel()
+            self._foreign_timer.join(60)
         self.note_foreign_tree()
         self.watch.sample()
         res_end = dict(self.watch.samples[-1]) if self.watch.samples else {}

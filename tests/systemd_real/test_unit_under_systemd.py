@@ -13,7 +13,8 @@ READY=1 and ``systemctl status`` shows STATUS=; ``reload`` is a SIGHUP the daemo
 ``stop`` drains and ends with Result=success and nothing left in the unit's cgroup; a daemon
 that stops pinging (SIGSTOP) is killed by the watchdog and restarted; a SIGKILLed daemon is
 brought back by Restart= with the fraction it learned; ``journalctl -p err`` finds a
-give-up, and the journal fields select a server.
+give-up, and the journal fields select a server; ``systemctl kill --kill-whom=main -s USR2``
+re-execs the daemon in place (same MainPID, active throughout, no watchdog kill).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -297,3 +299,34 @@ def test_the_native_protocol_reaches_the_real_journald_multi_line_and_memfd(box)
     as_text = lambda v: v if isinstance(v, str) else bytes(v).decode()  # journalctl -o json: a list of bytes when not plain text
     assert as_text(multi["MESSAGE"]) == "one\ntwo"
     assert as_text(big["MESSAGE"]) == "x" * (1 << 20)
+
+
+def test_usr2_reexecs_in_place_with_the_unit_active_the_same_mainpid_and_no_watchdog_kill(box):
+    """``systemctl kill --kill-whom=main -s USR2`` (docs/upgrade.md): the daemon re-execs in
+    place. Sampled through the exec, the unit is active (``reloading`` while RELOADING=1
+    holds) with the same MainPID; the server is adopted (one launch); two watchdog intervals
+    later no watchdog kill and no restart."""
+    box.config("rx")
+    box.start("rx")
+    box.wait_status("rx", "READY")
+    pid = box.show("rx", "MainPID")["MainPID"]
+    box.wait_event("rx", "server_ready")
+    box.m.systemctl("kill", "--kill-whom=main", "--signal=SIGUSR2", box.unit("rx"))
+    seen: list[dict[str, str]] = []
+
+    def reexecuted() -> dict | None:
+        seen.append(box.show("rx", "ActiveState", "MainPID"))
+        return next((e for e in box.events("rx") if e.get("event") == "reexec"), None)
+
+    said = wait_until(reexecuted, timeout=WAIT_S, interval=0.2, what="the reexec line in the journal")
+    assert said["adopted"] and not said.get("relaunching"), said
+    assert {s["ActiveState"] for s in seen} <= {"active", "reloading"}, seen
+    assert {s["MainPID"] for s in seen} == {pid}, seen
+    box.wait_status("rx", "READY")
+    time.sleep(2 * float(TEST_TIMINGS["WatchdogSec"].rstrip("s")))  # a missed ping would have killed it by now
+    after = box.show("rx", "ActiveState", "MainPID", "NRestarts")
+    assert after == {"ActiveState": "active", "MainPID": pid, "NRestarts": "0"}, after
+    assert "Watchdog timeout" not in box.m.journal("-u", box.unit("rx"))
+    assert len([e for e in box.events("rx") if e.get("event") == "launch"]) == 1, "relaunched"
+    box.stop("rx")
+    assert processes_of(box.unit("rx")) == []

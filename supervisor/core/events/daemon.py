@@ -38,6 +38,16 @@ class DaemonFailed(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ReexecHandingOver(Event):
+    """The old program's last word before its exec: the hand-over is written."""
+
+    kind = "reexec_handing_over"
+    reason: str
+    pid: int
+    servers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Reexecuted(Event):
     """The daemon re-executed itself in place (``reexec``, SIGUSR2, or a bug it survived):
     said by the new program, with the servers it adopted where they stood and those it could
