@@ -28,12 +28,14 @@ from . import report
 from .common import BENCH, REPO, Section, Settings, reap_tagged
 from .supervisord import VERSION, ensure_venv
 
-SECTIONS = ("crash", "hang", "steady", "logs", "cold", "explain", "climb")  # bench/bench_<name>.py
+SECTIONS = ("crash", "hang", "steady", "logs", "cold", "explain", "climb", "reexec")  # bench/bench_<name>.py
 NEEDS_SUPERVISORD = frozenset({"crash", "steady", "logs", "cold"})
 
 
 def _run(name: str, settings: Settings, exe: Path | None) -> Section:
     module = importlib.import_module(f".bench_{name}", __package__)
+    if name == "reexec":
+        return module.section(settings)  # its own ``run`` is its command line's
     return module.run(settings, exe) if name in NEEDS_SUPERVISORD else module.run(settings)
 
 
