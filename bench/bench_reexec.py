@@ -27,6 +27,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # the tests' harness imports its conftest
+
+from tests.harness import read_events as _events  # noqa: E402 - after the path fix above
+
 GOAL_S = 2.0
 PROBE_S = 0.5
 
@@ -59,16 +63,6 @@ def _config(tmp: Path) -> Path:
     path = tmp / "bench.toml"
     path.write_text(tomli_w.dumps(doc))
     return path
-
-
-def _events(log: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in log.read_text(errors="replace").splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
 
 
 def _wait(log: Path, pred: Any, timeout: float, what: str) -> Any:
