@@ -129,3 +129,31 @@ def test_etcd_down_keeps_the_servers_and_starts_nothing(tmp_path: Path, etcd_ser
             assert len(d.find("launch")) == 1, "nothing was relaunched because leases lapsed"
             assert d.find("server_down") == []
             assert d.states()[-1] == "READY"
+
+
+def test_a_node_reexecs_in_place_keeping_its_lease_and_the_group_notices_nothing(
+    tmp_path: Path, etcd_server: EtcdServer,  # noqa: F811
+) -> None:
+    """Node 1's daemon re-execs (docs/upgrade.md): it joins again on the same lease, its
+    server is adopted, and past a whole lease TTL no generation has ended on either node."""
+    import subprocess
+    import sys
+
+    from harness import REPO
+
+    configs = node_configs(tmp_path, etcd_server)
+    with DaemonRun(configs[0]) as n0, DaemonRun(configs[1]) as n1:
+        both_ready([n0, n1], 1)
+        joined = n1.wait_for("group_joined")
+        pids = [d.find("launch")[-1]["pid"] for d in (n0, n1)]
+        done = subprocess.run([sys.executable, "-m", "supervisor.cli", "reexec", "--config", str(configs[1]),
+                               "--timeout", "60"], capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        said = n1.wait_for("reexec", 30)
+        assert said["adopted"] and not said.get("relaunching")
+        again = n1.wait_for("group_joined", 30, count=2)
+        assert again["lease"] == joined["lease"] != ""  # the same lease: its node key never went away
+        time.sleep(12.0)  # past lease_ttl_s (10): a lapsed lease would have ended the generation by now
+        assert not n0.find("group_generation_ended") and not n1.find("group_generation_ended")
+        assert [d.find("launch")[-1]["pid"] for d in (n0, n1)] == pids
+        assert len(n0.find("launch")) == 1 and len(n1.find("launch")) == 1

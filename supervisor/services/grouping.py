@@ -62,7 +62,10 @@ class GroupSync:
     def __init__(
         self, etcd: Etcd, cfg: Config, *, config_hash: str, host: str, post: Callable[[Event], None],
         emit: Callable[[ev.Event], None], rng: random.Random | None = None, tasks: TaskScope | None = None,
+        lease: Lease | None = None,
     ) -> None:
+        """``lease``: the one a re-exec handed over (docs/upgrade.md), kept for the first
+        session: the node key and the candidacy on it live on, and the group notices nothing."""
         self._etcd = etcd
         self._tasks = tasks or TaskScope("group")  # the unit's: each session's tasks are a child of it
         self.cfg = cfg
@@ -78,6 +81,7 @@ class GroupSync:
         self.etcd_up = False
         self.leading = False
         self._lease: Lease | None = None
+        self._inherited = lease
         self._mine = NodeInfo(cfg.group.node_rank, str(State.STOPPED), 0, config_hash, host)
         self._node_dirty = True
         self._kick = asyncio.Event()  # the follower: something to write, or the view changed
@@ -123,6 +127,11 @@ class GroupSync:
         ``ready``, our core is READY."""
         return HeadProber(self, alive, ready)
 
+    @property
+    def lease(self) -> Lease | None:
+        """The lease of the session that runs (a re-exec hands it over)."""
+        return self._lease
+
     async def aclose(self) -> None:
         """The daemon is leaving: give up our lease now (our node key and our candidacy go
         with it), so the group notices at once rather than after ``lease_ttl_s``."""
@@ -156,7 +165,9 @@ class GroupSync:
     async def _connected_session(self) -> None:
         etcd = self._etcd
         await etcd.connect()
-        lease = await etcd.grant(self.group.lease_ttl_s)
+        # A lease a re-exec kept is refreshed at once by keep_alive (gone: an EtcdError, and
+        # the next session grants a new one).
+        lease, self._inherited = self._inherited or await etcd.grant(self.group.lease_ttl_s), None
         self._lease = lease
         self._node_dirty = True
         # One read, then one watch from the revision after it keeps the view current; the
@@ -166,7 +177,7 @@ class GroupSync:
         self._parse()
         self._link.connected()
         self.etcd_up = True
-        self.emit(ev.GroupJoined(group=self.group.name, node_rank=self.group.node_rank))
+        self.emit(ev.GroupJoined(group=self.group.name, node_rank=self.group.node_rank, lease=f"{lease.id:x}"))
         self._kick.set()
         # The session's tasks live and die with it; their errors are read here (``on_failure``
         # leaves them to this wait): an EtcdError ends the session, and the reconnect loop

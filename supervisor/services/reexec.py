@@ -94,9 +94,6 @@ class InPlace:
             return "the daemon is stopping"
         if self.busy:
             return "a re-exec is already under way"
-        if any(u.cfg.group.enabled for u in self.host.units):
-            return ("a [group] node cannot re-exec in place yet (its etcd lease is not carried across): "
-                    "'systemctl restart' restarts the group")
         return None
 
     def in_last_hour(self, now: float) -> int:

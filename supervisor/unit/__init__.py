@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from supervisor.adapters.ports import Monitor, Prober, ServerHandle, UnitPorts
+from supervisor.adapters.ports import Lease, Monitor, Prober, ServerHandle, UnitPorts
 from supervisor.aio import TaskScope
 from supervisor.core import codec, machine
 from supervisor.core import events as ev
@@ -377,11 +377,14 @@ class ServerUnit:
         if cfg.group.enabled and p.group_etcd is not None:
             from supervisor.services.grouping import GroupSync, node_config_hash  # only with [group] on
 
+            kept = (adopt or {}).get("group_lease") if self.adopted else None
             group = self._group = GroupSync(
                 p.group_etcd, cfg, config_hash=node_config_hash(cfg), host=p.host, post=self.post, emit=self.emit,
-                rng=p.rng, tasks=self.tasks,
+                rng=p.rng, tasks=self.tasks, lease=Lease(int(kept[0]), int(kept[1])) if kept else None,
             )
             self._followers.append(lambda core: group.node_state(core.state, core.pid, core.generation))
+            if self.adopted:
+                group.node_state(self.core.state, self.core.pid, self.core.generation)
             self._spawn(group.run(), "group")
         if cfg.fleet.enabled and p.fleet_store is not None and p.sglang_version is not None:
             from supervisor.services.fleet_sync import FleetSync  # only with [fleet] on
@@ -412,7 +415,7 @@ class ServerUnit:
         run = self.life.run
         if core.state is State.READY:
             return run is not None and run.server is not None and run.status is None
-        return core.state in (State.BACKOFF, State.STOPPED, State.GAVE_UP) and run is None
+        return core.state in (State.BACKOFF, State.STOPPED, State.GAVE_UP, State.WAITING) and run is None
 
     def hand_over(self, fired: Sequence[Timer] = ()) -> dict[str, Any]:
         """What the next daemon needs to adopt this server where it stands: the core, its
@@ -423,7 +426,9 @@ class ServerUnit:
         now = asyncio.get_running_loop().time()
         timers = {str(name): handle.when() for name, handle in self._timers.items()}
         timers.update({str(name): now for name in fired})
-        return {"core": codec.encode(core), "timers": timers, "life": self.life.hand_over()}
+        lease = self._group.lease if self._group is not None else None
+        return {"core": codec.encode(core), "timers": timers, "life": self.life.hand_over(),
+                "group_lease": [lease.id, lease.ttl_s] if lease is not None else None}
 
     @property
     def kept_fds(self) -> list[int]:

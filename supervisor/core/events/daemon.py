@@ -110,6 +110,7 @@ class GroupJoined(Event):
     kind = "group_joined"
     group: str
     node_rank: int
+    lease: str = ""  # its etcd lease id (hex): the same one after a re-exec in place
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
