@@ -14,6 +14,8 @@ READY, and what each node's log said.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ import pytest
 
 from tests.conftest import free_port, wait_until
 from tests.etcdlib import EtcdServer, etcd_server  # noqa: F401 - a fixture
-from tests.harness import DaemonRun
+from tests.harness import REPO, DaemonRun
 from tests.real import nights
 from tests.real.sglang_env import RealSGLang
 
@@ -135,7 +137,8 @@ def test_a_real_group_outlives_an_etcd_outage_and_restarts_when_a_daemon_dies(
     tmp_path: Path, real_sglang: RealSGLang, real_lock: None, etcd_server: EtcdServer,  # noqa: F811
 ) -> None:
     """etcd stopped for longer than the lease: both servers keep serving and nothing is
-    relaunched; then node 1's daemon SIGKILLed: its lease expires, node 0's rank is stopped
+    relaunched; node 1's daemon re-execs in place on the same lease, and the group notices
+    nothing; then node 1's daemon SIGKILLed: its lease expires, node 0's rank is stopped
     and, once a new daemon for node 1 joins, both run the next generation."""
     configs = node_configs(tmp_path, real_sglang, etcd_server)
     with DaemonRun(configs[0]) as n0:
@@ -154,6 +157,18 @@ def test_a_real_group_outlives_an_etcd_outage_and_restarts_when_a_daemon_dies(
             for d in (n0, n1):
                 assert len(d.find("launch")) == 1 and d.find("server_down") == [], "relaunched after an outage"
                 assert d.states()[-1] == "READY"
+            # node 1's daemon re-execs in place (docs/upgrade.md): the same lease, the group notices nothing
+            lease = n1.find("group_joined")[-1]["lease"]
+            joins = len(n1.find("group_joined"))
+            done = subprocess.run([sys.executable, "-m", "supervisor.cli", "reexec", "--config", str(configs[1]),
+                                   "--timeout", "120"], capture_output=True, text=True, timeout=180, cwd=REPO,
+                                  check=False)
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert n1.wait_for("reexec", 60)["adopted"]
+            assert n1.wait_for("group_joined", 60, count=joins + 1)["lease"] == lease != ""
+            time.sleep(12.0)  # past the 10 s lease: a lapsed one would have ended the generation
+            for d in (n0, n1):
+                assert len(d.find("launch")) == 1 and d.find("group_generation_ended") == [], "the group noticed"
             killed_at = time.monotonic()
             n1.kill()  # its server runs on, its lease expires
             ended = n0.wait_for("group_generation_ended", 120)
