@@ -43,6 +43,12 @@ SLOW_RATE = 1 << 20  # bytes/s: below this a server is trickling (2,000 lines/s 
 # for this long, so even a burst that starts right after a quiet spell does not stall the
 # child; a longer pause would save a little CPU at the price of that guarantee.
 BATCH_S = 0.1
+# One buffer for every read of every server (the event loop reads one pipe at a time), each
+# read copied out at the size read: ``os.read(fd, 1 MiB)`` would ask malloc for 1 MiB (an mmap)
+# and shrink it in place, so each small read the tail keeps would cost a 4 KiB page and a
+# mapping of its own; and a buffer per server would cost 1 MiB of RSS each.
+_READ_BUFFER = bytearray(PIPE_SIZE)
+_READ_VIEW = memoryview(_READ_BUFFER)
 
 
 class AdoptedChild:
@@ -110,11 +116,6 @@ class ServerProcess:
         self._partial = b""
         self._known: dict[int, float] = {}  # descendant pid -> create_time
         self._fd: int | None = fd
-        # One buffer for every read, copied out at the size read: ``os.read(fd, 1 MiB)``
-        # would ask malloc for 1 MiB (an mmap) and shrink it in place, so each kept small
-        # read would cost a 4 KiB page and a mapping of its own.
-        self._buf = bytearray(PIPE_SIZE)
-        self._view = memoryview(self._buf)
         self._loop = asyncio.get_running_loop()
         self._eof = self._loop.create_future()
         self._poll_handle: asyncio.TimerHandle | None = None
@@ -212,7 +213,7 @@ class ServerProcess:
         if fd is None:
             return None
         try:
-            n = os.readv(fd, (self._buf,))
+            n = os.readv(fd, (_READ_BUFFER,))
         except BlockingIOError:
             return 0
         except OSError:
@@ -220,7 +221,7 @@ class ServerProcess:
         if not n:
             self._finish()
             return None
-        data = self._view[:n].tobytes()
+        data = _READ_VIEW[:n].tobytes()
         self.last_output_at = self._loop.time()
         self.log.write(data)
         self.tail.append(data)
@@ -440,6 +441,9 @@ class ServerProcess:
         await self.drain_output(0.5)
         self._finish()
         self.log.close()
+        # Its callbacks close over its launch, which holds it: a cycle the cyclic collector
+        # would free only at its next full pass, tail and all. Broken here, it goes at once.
+        self.on_line = self.on_spotted = self.on_part_died = None
 
 
 def _wait_gone(pids: Sequence[int], timeout_s: float) -> None:
