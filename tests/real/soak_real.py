@@ -328,7 +328,7 @@ class Night:
         self.daemon_exits: list[dict[str, Any]] = []
         self.mounted: Path | None = None
         self.foreign: Proc | None = None
-        self.foreign_tree: dict[int, float] = {}
+        self.foreign_tree: dict[int, tuple[float, str]] = {}  # pid -> (create time, title)
         self.flag_value = 0
         self.prefix = f"soak-{os.getpid()}-{seed}"
         self.watch = Watch()
@@ -591,7 +591,8 @@ class Night:
         if self.foreign is not None:
             for p in tree_of(self.foreign.proc.pid):
                 with contextlib.suppress(psutil.Error):
-                    self.foreign_tree.setdefault(p.pid, p.create_time())
+                    if p.pid not in self.foreign_tree:
+                        self.foreign_tree[p.pid] = (p.create_time(), (p.cmdline() or [p.name()])[0])
 
     # -- the loop
 
@@ -649,21 +650,26 @@ class Night:
             return {"started": False}
         alive = []
         changed = []
-        for pid, created in self.foreign_tree.items():
+        transient = []  # a child of the server's own that came and went (not a part of it)
+        for pid, (created, title) in self.foreign_tree.items():
             try:
                 p = psutil.Process(pid)
                 if abs(p.create_time() - created) < 0.5 and p.status() not in (psutil.STATUS_ZOMBIE,
                                                                                 psutil.STATUS_STOPPED):
                     alive.append(pid)
-                else:
-                    changed.append(pid)
+                    continue
             except psutil.Error:
-                changed.append(pid)
+                pass
+            # The server (its main process and its sglang:: parts) must all be there; any other
+            # child it started and ended (seen once while it started) is its own business, as
+            # long as the daemon did not kill it (``killed_by_daemon``).
+            (changed if pid == self.foreign.proc.pid or title.startswith("sglang::") else transient).append(pid)
         killed_by_daemon = sorted({pid for d in self.daemons for e in d.find("orphans_killed")
                                    for pid in e.get("pids") or [] if pid in self.foreign_tree})
         health = http_status(f"http://127.0.0.1:{self.foreign_port}/health")
         return {"started": True, "pid": self.foreign.proc.pid, "port": self.foreign_port,
                 "processes_seen": len(self.foreign_tree), "alive_at_end": len(alive), "gone_or_changed": changed,
+                "transient": {pid: self.foreign_tree[pid][1][:80] for pid in transient},
                 "killed_by_daemon": killed_by_daemon, "health_at_end": health,
                 "untouched": bool(self.foreign_tree) and not changed and not killed_by_daemon}
 
