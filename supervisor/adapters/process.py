@@ -194,6 +194,8 @@ class ServerProcess:
               known: Sequence[tuple[int, float]], parts: Sequence[tuple[int, int, str]]) -> ServerProcess:
         """A server handed over by the daemon this process was before its exec: its output
         read on from the same pipe, its tail and tree as they were, its parts still watched."""
+        for fd in (pipe_fd, *(fd for _pid, fd, _title in parts)):
+            os.set_inheritable(fd, False)  # ours again: a later exec keeps only what it hands over
         os.set_blocking(pipe_fd, False)
         kept = Tail(tail_bytes)
         kept.append(tail)

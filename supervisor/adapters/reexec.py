@@ -129,13 +129,6 @@ def inherited_path() -> Path | None:
     return Path(value) if value else None
 
 
-def keep(fds: Sequence[int]) -> None:
-    """The adopted descriptors are the new daemon's own again: not inherited by what it launches."""
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.set_inheritable(fd, False)
-
-
 def close_inherited(keep_fds: Sequence[int] = ()) -> list[int]:
     """Close every inheritable descriptor above stderr but ``keep_fds`` (what an exec left
     that this daemon does not adopt); returns those closed."""
