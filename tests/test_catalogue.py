@@ -40,6 +40,8 @@ import extract  # noqa: E402  (scripts/catalogue/extract.py)
 import families  # noqa: E402  (scripts/catalogue/families.py)
 import harvest  # noqa: E402  (scripts/catalogue/harvest.py; importing it runs nothing)
 
+from supervisor.core.diagnosis.specificity import specificity  # noqa: E402
+
 
 def _rows() -> list[list[str]]:
     return [line.split("\t") for line in CATALOGUE_TSV.read_text(encoding="utf-8").splitlines()
@@ -64,6 +66,10 @@ def test_the_committed_catalogue_is_what_the_generator_makes(capsys: pytest.Capt
     r = subprocess.run([sys.executable, str(HARVEST), "--check"], capture_output=True, text=True, cwd=REPO,
                        timeout=1750, check=False)
     assert r.returncode == 0, f"harvest.py --check failed:\n{r.stdout}\n{r.stderr[-3000:]}"
+    for generator in ("meanings.py", "functions.py"):  # the tables beside it (issue 35)
+        g = subprocess.run([sys.executable, str(HARVEST.parent / generator), "--check"], capture_output=True,
+                           text=True, cwd=REPO, timeout=600, check=False)
+        assert g.returncode == 0, f"{generator} --check failed:\n{g.stdout}\n{g.stderr[-3000:]}"
     rows = _rows()
     by_source: Counter[str] = Counter(s for row in rows for s in row[4].split(","))
     by_family: Counter[str] = Counter(row[0] for row in rows)
@@ -83,7 +89,7 @@ def test_the_committed_catalogue_parses_with_its_header() -> None:
     lines = text.splitlines()
     assert lines[0] == harvest.HEADER
     assert lines[1].startswith("# versions: sglang==0.5.23, ")
-    assert lines[2] == "family\tlevel\tpattern\torigin\tseen_in"
+    assert lines[2] == "family\tlevel\tpattern\torigin\tseen_in\tshared" == cat.HEADER
     c = cat.parse_catalogue(text)
     assert len(c) == len(lines) - 3 > 10_000
     assert c.versions[0] == "sglang==0.5.23"
@@ -92,14 +98,16 @@ def test_the_committed_catalogue_parses_with_its_header() -> None:
 
 
 def test_every_row_is_well_formed_and_sorted() -> None:
-    """Five columns, a known family and level, a pattern without tabs or newlines, each row once,
-    sorted; every dist==version of seen_in is a pinned one, and the origin names the first."""
+    """Six columns, a known family and level, a pattern without tabs or newlines, each row once,
+    sorted; every dist==version of seen_in is a pinned one, the origin names the first, and
+    ``shared`` is one of "", "head", "all"."""
     c = cat.catalogue()
     versions = set(c.versions)
     rows = _rows()
     assert rows == sorted(rows, key=lambda r: (r[0], r[1], r[2]))
     assert len({(r[0], r[1], r[2]) for r in rows}) == len(rows)
-    for family, level, pattern, origin, seen in rows:
+    for family, level, pattern, origin, seen, shared in rows:
+        assert shared in ("", "head", "all"), shared
         assert family in FAMILIES, family
         assert level in LEVELS, level
         assert pattern == pattern.strip() and "\n" not in pattern and pattern
@@ -113,7 +121,7 @@ def test_every_row_is_well_formed_and_sorted() -> None:
 def test_patterns_have_enough_literal_text() -> None:
     """Every pattern has MIN_LITERAL_CHARS letters outside its placeholders, except an error
     table's rows and the wrappers whose <*> the diagnosis reads again ("CUDA error: <*>")."""
-    short = [(level, pattern) for _family, level, pattern, _o, _s in _rows()
+    short = [(level, pattern) for _family, level, pattern, _o, _s, _shared in _rows()
              if level != "table" and cat.literal_chars(pattern) < cat.MIN_LITERAL_CHARS]
     assert all(extract.WRAPPER.match(p) for _level, p in short), short[:10]
     assert ("exception", "CUDA error: <*>") in short or ("lib", "CUDA error: <*>") in short
@@ -360,3 +368,36 @@ def test_the_module_table_is_compressed_without_changing_an_assignment() -> None
     for p in paths:
         assert families.lookup(p, rows) == families.subsystem_of(p), p
     assert len(rows) < len(paths)
+
+
+# --------------------------------------------------------------------------- specificity
+
+
+def test_specificity_says_which_words_are_shared_from_the_catalogue_alone() -> None:
+    """A message whose words recur in a message of another family names no cause ("all");
+    one whose opening words alone recur needs the whole message in the line ("head"); the
+    more specific message that holds the shared words keeps its own ("")."""
+    entries = [
+        cat.Entry("model.load", "exception", "Failed to load <*>", "a 1 a.py:1 raise"),
+        cat.Entry("cuda.other", "exception", "Failed to load the kernel library <*> for this GPU", "b 1 b.py:1 raise"),
+        cat.Entry("cuda.other", "exception", "Timed out after <*>s waiting for the kernel cache lock <*>", "c 1 c.py:1"),
+        cat.Entry("other", "exception", "Timed out after <*>s waiting for <*>", "d 1 d.py:1 raise"),
+        cat.Entry("config.args", "exception", "Unknown attention backend <*>, choose one of <*>", "e 1 e.py:1 raise"),
+    ]
+    assert specificity(entries) == ["all", "", "head", "", ""]
+
+
+def test_the_committed_catalogue_marks_shared_words_and_the_reading_obeys() -> None:
+    """The generator wrote the column; a line holding only shared opening words names nothing."""
+    rows = _rows()
+    shared = Counter(r[5] for r in rows)
+    assert shared["all"] > 100 and shared["head"] > 100 and shared[""] > 40_000
+    timed_out = [r for r in rows if r[2] == "Timed out after <*>s waiting for <*> lock: <*>"]
+    assert timed_out and timed_out[0][5] == "head"
+    assert reading_family("RuntimeError: Timed out after 30s waiting for the scheduler to answer") is None
+
+
+def reading_family(line: str) -> str | None:
+    from supervisor.core.diagnosis import read_line
+
+    return read_line(line)[0]

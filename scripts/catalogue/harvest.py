@@ -46,7 +46,9 @@ sys.path.insert(0, str(REPO))
 import extract  # noqa: E402  (scripts/catalogue/extract.py)
 import families  # noqa: E402  (scripts/catalogue/families.py)
 
-from supervisor.core.diagnosis.catalogue import index_text  # noqa: E402
+from supervisor.core.diagnosis.catalogue import HEADER as CATALOGUE_HEADER  # noqa: E402
+from supervisor.core.diagnosis.catalogue import Entry, index_text  # noqa: E402
+from supervisor.core.diagnosis.specificity import specificity  # noqa: E402
 
 DATA = REPO / "supervisor" / "core" / "diagnosis" / "data"
 CATALOGUE_TSV = DATA / "catalogue.tsv"
@@ -209,15 +211,40 @@ def build(cache: Path) -> tuple[str, str, dict[str, Any]]:
             else:
                 row["seen"].add(tag)
     versions = ", ".join(f"{s['dist']}=={s['version']}" for s in sources)
-    lines = [HEADER, f"# versions: {versions}", "family\tlevel\tpattern\torigin\tseen_in"]
+    lines = [HEADER, f"# versions: {versions}", CATALOGUE_HEADER]
     order = {f"{s['dist']}=={s['version']}": i for i, s in enumerate(sources)}
-    for (family, level, pattern), row in sorted(rows.items()):
+    ordered = sorted(rows.items())
+    # whether each message's words are its own (catalogue.specificity: from the catalogue alone)
+    shared = specificity([Entry(family, level, pattern, row["origin"]) for (family, level, pattern), row in ordered])
+    for ((family, level, pattern), row), words in zip(ordered, shared, strict=True):
         seen = ",".join(sorted(row["seen"], key=lambda t: order[t]))
-        lines.append(f"{family}\t{level}\t{pattern}\t{row['origin']}\t{seen}")
+        lines.append(f"{family}\t{level}\t{pattern}\t{row['origin']}\t{seen}\t{words}")
     catalogue_text = "\n".join(lines) + "\n"
     modules_text = "module\tsubsystem\n" + "".join(f"{p}\t{s}\n" for p, s in sorted(table))
     stats = {"rows": len(rows), "modules": len(table), "module_paths": len(module_paths)}
     return catalogue_text, modules_text, stats
+
+
+def generated_table(build: Any, out: Path, doc: str, what: str, argv: list[str] | None) -> int:
+    """The ``main`` of a generator of one table beside the catalogue (``meanings.py``,
+    ``functions.py``): ``build(cache)`` gives its text; write it, or with ``--check`` compare
+    it with the committed file (a short diff and exit 1 on a difference)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="compare with the committed file; exit 1 on a difference")
+    ap.add_argument("--cache", help="the wheel cache (default: the catalogue's)")
+    args = ap.parse_args(argv)
+    text = build(cache_root(args.cache))
+    rows = text.count("\n") - 2
+    if args.check:
+        old = out.read_text(encoding="utf-8") if out.exists() else ""
+        if old != text:
+            print("\n".join(_diff(out.name, old, text)[:40]))
+            return 1
+        print(f"{what}: {out.name} is up to date ({rows} rows)")
+        return 0
+    out.write_text(text, encoding="utf-8")
+    print(f"{what}: wrote {out.name} ({rows} rows)")
+    return 0
 
 
 def _diff(name: str, old: str, new: str) -> list[str]:

@@ -88,6 +88,10 @@ class Entry:
     pattern: str
     origin: str
     seen_in: tuple[str, ...] = ()
+    # Whether the message's words are its own (``shared``): "" they are; "head" its opening
+    # words recur in messages of another family or of many packages, so only a line that holds
+    # the whole message is evidence; "all" even the whole message does: it names no cause.
+    shared: str = ""
     # What a line must hold: the pattern's first sentences, enough of them to say something
     # (``HEAD_LETTERS``), without the closing punctuation (see ``head_of``).
     head: str = field(init=False, repr=False, compare=False)
@@ -112,6 +116,11 @@ class Entry:
         """The message ends in what it wraps ("CUDA error: <*>", "... set an error? Error <*>:
         <*>"): the diagnosis reads that."""
         return self.pattern.rstrip().endswith(ANY)
+
+    def names_no_cause(self, whole: bool) -> bool:
+        """Whether a line that holds this message (``whole``: all of it, else its head) still
+        says nothing of a family: its words are shared (``specificity``)."""
+        return self.shared == "all" or (self.shared == "head" and not whole)
 
     @property
     def logged_below_error(self) -> bool:
@@ -345,7 +354,7 @@ DATA = "data"
 CATALOGUE_FILE = "catalogue.tsv"
 INDEX_FILE = "catalogue.idx"
 MODULES_FILE = "modules.tsv"
-HEADER = "family\tlevel\tpattern\torigin\tseen_in"
+HEADER = "family\tlevel\tpattern\torigin\tseen_in\tshared"
 
 
 def _rows(lines: Iterable[str]) -> Iterable[tuple[int, str | list[str]]]:
@@ -358,7 +367,7 @@ def _rows(lines: Iterable[str]) -> Iterable[tuple[int, str | list[str]]]:
         if line.startswith("# versions:"):
             yield at, [v.strip() for v in line.split(":", 1)[1].split(",") if v.strip()]
             continue
-        if not line.strip() or line.startswith("#") or line == HEADER:
+        if not line.strip() or line.startswith("#") or line.startswith("family\t"):
             continue
         yield at, line
 
@@ -371,7 +380,8 @@ def _entry(line: str, shared: dict[str, tuple[str, ...]]) -> Entry | None:
     seen = shared.get(seen_text)
     if seen is None:  # 42,000 rows name a few dozen sets of versions: one tuple each
         seen = shared[seen_text] = tuple(sys.intern(v) for v in seen_text.split(",") if v)
-    return Entry(sys.intern(cols[0]), sys.intern(cols[1]), cols[2], cols[3], seen)
+    shared_words = sys.intern(cols[5]) if len(cols) > 5 else ""
+    return Entry(sys.intern(cols[0]), sys.intern(cols[1]), cols[2], cols[3], seen, shared_words)
 
 
 def parse_catalogue(text: str | Iterable[str]) -> Catalogue:

@@ -53,6 +53,8 @@ def _resolve(m: _catalogue.Match, depth: int = 0) -> tuple[str | None, _catalogu
             return inner.family, inner.entry, nccl or inner.via_nccl, inner.sure
         if _parse_exception(m.inner) is not None or inner.entry is not None:
             return None, entry, nccl, True  # it wraps an error the stack names no cause for
+    if entry.names_no_cause(m.whole):
+        return None, entry, nccl, True  # its words are shared by messages of other families
     return (entry.family if entry.family in FAMILIES else None), entry, nccl, _sure(m)
 
 
