@@ -65,9 +65,12 @@ soak-real: $(TEST_STAMP) system-deps real-sglang
 
 # The message catalogue and the module table (issue 23, docs/catalogue.md), regenerated from the pinned
 # releases of scripts/catalogue/sources.toml; the wheels it lacks are downloaded into
-# ${SGLANG_SUPERVISOR_CACHE:-~/.cache/sglang-supervisor}/catalogue (cold: ~3 min, then seconds).
+# ${SGLANG_SUPERVISOR_CACHE:-~/.cache/sglang-supervisor}/catalogue (cold: ~3 min, then seconds); beside it
+# the system's errno/signal/CUDA-code table and the engines' start-up functions (issue 35).
 catalogue: $(TEST_STAMP)
 	$(PY) scripts/catalogue/harvest.py
+	$(PY) scripts/catalogue/meanings.py
+	$(PY) scripts/catalogue/functions.py
 
 bench: $(TEST_STAMP)
 	$(PY) -m bench

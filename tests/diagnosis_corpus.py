@@ -8,6 +8,7 @@ logs of real SGLang 0.5.23 runs, which count as one more thread.
 from __future__ import annotations
 
 import collections
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,7 @@ class Entry:
     thread: str  # the bug-report thread the log comes from
     exit_status: ExitStatus | None = None
 
-    def diagnose(self, text: bytes | str | None = None, *, hand_rules: bool = True) -> Diagnosis:
+    def diagnose(self, text: bytes | str | None = None, *, hand_rules: bool | Collection[str] = True) -> Diagnosis:
         data = self.path.read_bytes() if text is None else text
         return diagnose(data, exit_status=self.exit_status, phase=None, hand_rules=hand_rules)
 
@@ -64,6 +65,41 @@ def entries() -> list[Entry]:
             out.append(Entry(f"real/{name}", REAL / name, cols[1].strip(), REAL_THREAD,
                              _exit(cols[2]) if len(cols) > 2 else None))
     return out
+
+
+def _table(name: str) -> dict[str, int]:
+    """A generated two-column table of ``scripts/rule-history`` (``key  batch ...``)."""
+    out = {}
+    for line in (CORPUS / name).read_text().splitlines():
+        if not line or line.startswith("#") or line.startswith(("id\t", "rule\t")):
+            continue
+        cols = line.split("\t")
+        out[cols[0]] = int(cols[1])
+    return out
+
+
+def batches() -> dict[str, int]:
+    """Each log's corpus release (1..4), from ``batches.tsv``."""
+    return _table("batches.tsv")
+
+
+def rule_batches() -> dict[str, int]:
+    """Each hand rule's batch: the latest release that was already in the repo when it was
+    written (``rule_batches.tsv``, from the git history of the rules)."""
+    return _table("rule_batches.tsv")
+
+
+# Labels whose remedy stops the night: a give-up for any other label is a wrong give-up (a
+# deterministic CUDA error read as one is the label's own remedy: "cannot be fixed by a restart").
+GIVE_UP_LABELS = frozenset({"gpu_hw_error", "model_load_error", "config_error"})
+
+
+def wrong_give_up(e: Entry, d: Diagnosis) -> bool:
+    from supervisor.core.model import Remedy
+
+    if d.remedy is not Remedy.GIVE_UP or e.label in GIVE_UP_LABELS:
+        return False
+    return not (e.label == "cuda_error" and str(d.cause) == "cuda_error")
 
 
 def confusion(results: list[tuple[Entry, str]]) -> collections.Counter[tuple[str, str]]:

@@ -367,12 +367,14 @@ def test_startup_info_lines_that_mention_gloo_or_process_groups_are_not_errors()
         ("RuntimeError: CUDA error: no kernel image is available for execution on the device", Cause.CUDA_ERROR, Remedy.GIVE_UP),
         ("torch.AcceleratorError: CUDA error: the provided PTX was compiled with an unsupported toolchain.", Cause.CUDA_ERROR, Remedy.GIVE_UP),
         ("RuntimeError: CUDA error: device-side assert triggered", Cause.CUDA_ERROR, Remedy.RESTART),
-        ("kernel: NVRM: Xid (PCI:0000:97:00): 79, pid=1234, name=python3, GPU has fallen off the bus.", Cause.GPU_HW_ERROR, Remedy.GIVE_UP),
+        # the NVIDIA driver's line: a hand rule with no source line to cite, so not certain: restart
+        ("kernel: NVRM: Xid (PCI:0000:97:00): 79, pid=1234, name=python3, GPU has fallen off the bus.", Cause.GPU_HW_ERROR, Remedy.RESTART),
         ("OSError: [Errno 98] Address already in use", Cause.PORT_IN_USE, Remedy.CLEAR_GPU),
         ("ValueError: Not enough host memory available. Requesting 40.00 GB but only have 30.00 GB free.", Cause.HOST_OOM, Remedy.HICACHE_DOWN),
         ("ValueError: Model architectures ['FooForCausalLM'] are not supported for now.", Cause.MODEL_LOAD_ERROR, Remedy.GIVE_UP),
         ("launch_server.py: error: unrecognized arguments: --cuda-graph-max-bs 8", Cause.CONFIG_ERROR, Remedy.GIVE_UP),
-        ("ValueError: --chunked-prefill-size must be at most --max-prefill-tokens", Cause.CONFIG_ERROR, Remedy.GIVE_UP),
+        # a ValueError naming a flag (rule flag_named, no source line): config_error, but not certain
+        ("ValueError: --chunked-prefill-size must be at most --max-prefill-tokens", Cause.CONFIG_ERROR, Remedy.RESTART),
     ],
 )
 def test_specific_lines_name_their_cause_and_remedy(line: str, cause: Cause, remedy: Remedy) -> None:
@@ -516,14 +518,14 @@ def test_corpus_copy_is_complete() -> None:
     assert {e.label for e in entries} <= {str(c) for c in LOG_CAUSES}
 
 
-def _corpus_run(hand_rules: bool = True) -> list[tuple[diagnosis_corpus.Entry, Diagnosis]]:
+def _corpus_run(hand_rules: bool | frozenset[str] = True) -> list[tuple[diagnosis_corpus.Entry, Diagnosis]]:
     return [(e, e.diagnose(hand_rules=hand_rules)) for e in diagnosis_corpus.entries()]
 
 
 def test_corpus_accuracy_and_no_memory_confusions(capsys: pytest.CaptureFixture[str]) -> None:
     """≥ 97 % of the real logs get their labelled cause; the four memory causes never mix;
-    a memory cause is named only with memory evidence; every answer marked certain is right.
-    Prints the confusion matrix."""
+    a memory cause is named only with memory evidence; every answer marked certain is right;
+    no give-up where the label's remedy is not one. Prints the confusion matrix."""
     results = []
     wrong = []
     unfounded = []
@@ -547,11 +549,14 @@ def test_corpus_accuracy_and_no_memory_confusions(capsys: pytest.CaptureFixture[
         if label != got and label in MEMORY_CAUSES and got in MEMORY_CAUSES
     ]
     certain = [d for _, d in runs if d.certain]
+    gave_up = [f"{e.name}: {e.label} -> {d.cause} ({d.basis})" for e, d in runs if diagnosis_corpus.wrong_give_up(e, d)]
     with capsys.disabled():
         print("\n" + diagnosis_corpus.matrix_text(counts))
         print(f"{correct}/{len(runs)} correct ({100 * correct / len(runs):.1f} %); memory-cause confusions: "
               f"{len(memory_mixups)}; memory causes without memory evidence: {len(unfounded)}; certain answers: "
-              f"{len(certain) - len(certain_wrong)}/{len(certain)} right; wrong: {wrong or 'none'}")
+              f"{len(certain) - len(certain_wrong)}/{len(certain)} right; wrong give-ups: {len(gave_up)}; "
+              f"wrong: {wrong or 'none'}")
+    assert not gave_up, gave_up
     assert not memory_mixups
     assert not unfounded, unfounded
     assert not certain_wrong, certain_wrong
@@ -561,7 +566,7 @@ def test_corpus_accuracy_and_no_memory_confusions(capsys: pytest.CaptureFixture[
 # With the rules written from logs switched off (the catalogue and the frames alone): how it
 # reads words it was never shown. docs/diagnosis.md lists each rule left, and why the
 # catalogue cannot hold its words.
-CATALOGUE_ONLY_FLOOR = 0.90
+CATALOGUE_ONLY_FLOOR = 0.92
 
 
 def test_corpus_accuracy_with_the_catalogue_and_the_frames_alone(capsys: pytest.CaptureFixture[str]) -> None:
@@ -572,10 +577,42 @@ def test_corpus_accuracy_with_the_catalogue_and_the_frames_alone(capsys: pytest.
     certain = [(e, d) for e, d in runs if d.certain]
     certain_right = sum(str(d.cause) == e.label for e, d in certain)
     wrong = [f"{e.name}: {e.label} -> {d.cause}" for e, d in runs if str(d.cause) != e.label]
+    gave_up = [e.name for e, d in runs if diagnosis_corpus.wrong_give_up(e, d)]
     with capsys.disabled():
         print(f"\ncatalogue and frames only: {correct}/{len(runs)} correct ({100 * correct / len(runs):.1f} %, "
-              f"goal 90 %); certain answers {certain_right}/{len(certain)} right; wrong: {wrong}")
+              f"goal {100 * CATALOGUE_ONLY_FLOOR:.0f} %); certain answers {certain_right}/{len(certain)} right; "
+              f"wrong give-ups: {len(gave_up)}; wrong: {wrong}")
     assert correct / len(runs) >= CATALOGUE_ONLY_FLOOR, wrong
+    assert certain_right == len(certain)
+    assert not gave_up, gave_up
+
+
+def test_each_release_judged_without_the_hand_rules_written_after_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """The figure batch by batch: each corpus release read with only the hand rules written
+    before it was released (``rule_batches.tsv``, from the rules' git history: a rule dated
+    batch b was written with releases 1..b in view, so it may judge release b + 1 on), beside
+    the catalogue-and-frames figure and the full one. Every hand rule must be dated."""
+    from supervisor.core.diagnosis import RULES
+
+    batch_of, rule_batch = diagnosis_corpus.batches(), diagnosis_corpus.rule_batches()
+    assert set(rule_batch) == {r.name for r in RULES}, "run scripts/rule-history"
+    entries = diagnosis_corpus.entries()
+    assert {e.name for e in entries} == set(batch_of), "run scripts/rule-history"
+    rows, total, right = [], 0, 0
+    for k in sorted(set(batch_of.values())):
+        allowed = frozenset(name for name, b in rule_batch.items() if b < k)
+        logs = [e for e in entries if batch_of[e.name] == k]
+        before = sum(str(e.diagnose(hand_rules=allowed).cause) == e.label for e in logs)
+        bare = sum(str(e.diagnose(hand_rules=False).cause) == e.label for e in logs)
+        full = sum(str(e.diagnose().cause) == e.label for e in logs)
+        total, right = total + len(logs), right + before
+        rows.append(f"  release {k}: {len(logs):3} logs, {len(allowed):2} rules written before it: "
+                    f"{100 * before / len(logs):5.1f} %   catalogue and frames only {100 * bare / len(logs):5.1f} %   "
+                    f"all rules {100 * full / len(logs):5.1f} %")
+    with capsys.disabled():
+        print("\neach release judged without the hand rules written after it:\n" + "\n".join(rows)
+              + f"\n  all releases: {right}/{total} ({100 * right / total:.1f} %)")
+    assert right / total >= CATALOGUE_ONLY_FLOOR
 
 
 def test_the_catalogue_it_reads_with(capsys: pytest.CaptureFixture[str]) -> None:

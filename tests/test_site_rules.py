@@ -512,7 +512,7 @@ def test_an_unrecognised_error_is_said_in_words() -> None:
     p = alert(crash())
     assert p["message"] == (
         "sglang kimi on gpu-node-3 crashed at 0.93 with an error it does not recognise: "
-        f"{normalise(FROB)}; restarting at 0.93 in 10 s"
+        f"{normalise(FROB)}; restarting with backoff at 0.93 in 10 s; it gives up if it repeats"
     )
     assert p["unrecognised"] == normalise(FROB) and p["cause"] == "other" and p["evidence"] == FROB
 
@@ -521,7 +521,8 @@ def test_an_uncertain_reading_says_it_is_unsure() -> None:
     p = alert(crash(cause=Cause.CUDA_OOM_RUNTIME, remedy=Remedy.FRACTION_DOWN, next_mem_fraction_static=0.88,
                     unrecognised=None))
     assert p["message"] == ("sglang kimi on gpu-node-3 crashed at 0.93; unsure of the cause (read as cuda_oom_runtime "
-                            "while serving, uncertain); restarting at 0.88 in 10 s")
+                            "while serving, uncertain); restarting with backoff at 0.88 in 10 s; "
+                            "it gives up if it repeats")
     assert p["unrecognised"] is None
 
 
@@ -543,4 +544,4 @@ def test_a_kill_from_outside_is_said_in_words() -> None:
     p = alert(crash(killed="SIGKILL", unrecognised=None, evidence=(
         "main process killed by SIGKILL after it was ready; no error was logged since",)))
     assert p["message"] == ("sglang kimi on gpu-node-3 was killed by SIGKILL at 0.93 after it was ready; nothing was "
-                            "logged since; restarting at 0.93 in 10 s")
+                            "logged since; restarting with backoff at 0.93 in 10 s; it gives up if it repeats")

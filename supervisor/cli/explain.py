@@ -250,7 +250,8 @@ def _launch_rows(launch: dict[str, Any]) -> list[tuple[str, str]]:
 def _diagnosis_rows(obj: dict[str, Any]) -> list[tuple[str, str]]:
     certainty = "certain" if obj["certain"] else "uncertain"
     if not obj["certain"]:
-        certainty += ": the daemon acts only in the least harmful way (restart, or one rung down for an OOM)"
+        certainty += (": unsure, so the daemon acts only in the least harmful way (restarting with backoff, or one "
+                      "rung down for an OOM) and never stops on it; it gives up if it repeats")
     rows = [("cause", obj["cause"]), ("certainty", certainty)]
     if obj.get("runner_up"):
         rows.append(("runner-up", obj["runner_up"]))

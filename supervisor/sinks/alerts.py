@@ -215,10 +215,14 @@ def _crash(e: Crash, who: str) -> Said:
     if e.next_retry_s is None:
         sentence += "not restarting; needs a human"
     else:
-        sentence += f"restarting at {_fraction(e.next_mem_fraction_static)}"
+        # an uncertain reading never stops the night: it restarts, and the crash loop ends it
+        sentence += "restarting with backoff at " if e.certain is False else "restarting at "
+        sentence += _fraction(e.next_mem_fraction_static)
         if e.next_hicache_size_gb not in (None, e.hicache_size_gb):
             sentence += f" with --hicache-size {e.next_hicache_size_gb}"
         sentence += f" in {_seconds(e.next_retry_s)}"
+        if e.certain is False:
+            sentence += "; it gives up if it repeats"
     return Said(sentence, cause=e.cause, evidence=e.evidence, before=e.mem_fraction_static,
                 after=e.next_mem_fraction_static, attempt=e.attempt, next_retry_s=e.next_retry_s,
                 unrecognised=e.unrecognised)

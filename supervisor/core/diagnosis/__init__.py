@@ -30,6 +30,13 @@ How it reads a log (``../shared/sglang-facts.md`` says why each rule holds):
 - ``Diagnosis.certain``: the evidence names the cause and, where the remedy depends on the
   phase, the phase is known. An uncertain memory reading gets the least harmful remedy
   (restart, or one rung down for a CUDA OOM of unknown phase) and a ``runner_up``.
+- Precision (issue 35): a catalogue match counts only when the message's words are its own
+  (``specificity``: not shared with another family's messages); an import/ABI error is the
+  environment wherever raised; a kernel record pasted into a log (OOM killer, Xid) is read as
+  the kernel's; an errno, a signal or the resource a message names decides before the module
+  that raised it (``meaning``); a hand rule is certain only when it cites the source line of
+  its words; a start-up-only cause read in a death while serving is uncertain; and an
+  uncertain reading never gives up (``verdict.never_on_a_guess``): it restarts with backoff.
 - Errors before the last ``ready to roll`` line, or followed by many batch lines, did not
   kill the server and are not the cause (except a failed HTTP bind just before a ready
   line that another server answered).
@@ -52,7 +59,8 @@ in their precedence), ``families`` (the catalogue's families as pseudo-rules), `
 and ``data/`` (the stack's own messages, generated), ``reading`` (the catalogue's reading of
 a line), ``findings`` (what each line says; the first failure), ``phase`` (the phase and what
 says so), ``verdict`` (a finding as a ``Diagnosis``), ``kernel`` (OOM-killer records),
-``crash`` (``diagnose``), ``action`` (``describe_action``); and beside them ``site_rules``
+``crash`` (``diagnose``), ``action`` (``describe_action``), ``meaning`` (errno, signal and
+resource words; ``data/meanings.tsv``), ``specificity`` (which catalogue words are shared); and beside them ``site_rules``
 (a site's own ``[[diagnosis.rule]]``), ``startup_facts`` (SGLang's start-up lines),
 ``kv_pressure`` (the KV-pressure words read while serving) and ``launches`` (the daemon's
 launch marker; where each launch of a log begins and how it ended).

@@ -31,6 +31,10 @@ def describe_action(d: Diagnosis, *, fraction: float | None = None) -> str:
         )
     if remedy is Remedy.GIVE_UP:
         return f"Give up and alert a human, because {cause.summary} is not something a restart can fix."
+    if not d.certain and remedy is Remedy.RESTART:
+        read = f"read as {cause}" + (f", runner-up {d.runner_up}" if d.runner_up else "")
+        return (f"Unsure of the cause ({read}): restart with backoff, because only a certain reading may stop "
+                "the night; it gives up if it repeats.")
     if cause is Cause.KV_POOL_TOO_SMALL:
         return (
             "Restart with backoff, keeping the fraction, because the KV/request pool ran out under load; "

@@ -13,7 +13,7 @@ from supervisor.core.diagnosis.limits import INTERNAL_ERROR_TYPE, MAX_EVIDENCE_C
 from supervisor.core.diagnosis.lines import tail_text
 from supervisor.core.diagnosis.log import _Log
 from supervisor.core.diagnosis.phase import _phase_at
-from supervisor.core.diagnosis.verdict import _evidence, _from_finding, _other
+from supervisor.core.diagnosis.verdict import _evidence, _from_finding, _other, never_on_a_guess
 from supervisor.core.model import Cause, Diagnosis, ExitStatus, Phase, SiteRule
 
 
@@ -26,7 +26,7 @@ def _diagnose(
     oom_kill_delta: int | None,
     ready_at: int | None = None,
     site_rules: Sequence[SiteRule] = (),
-    hand_rules: bool = True,
+    hand_rules: bool | Collection[str] = True,
 ) -> Diagnosis:
     log = _Log(tail_text(tail), lines_after_ready=_lines_after(tail, ready_at))
     if site_rules:
@@ -139,7 +139,7 @@ def diagnose(
     oom_kill_delta: int | None = None,
     ready_at: int | None = None,
     site_rules: Sequence[SiteRule] = (),
-    hand_rules: bool = True,
+    hand_rules: bool | Collection[str] = True,
 ) -> Diagnosis:
     """Why the server died, from the tail of its output.
 
@@ -152,11 +152,13 @@ def diagnose(
     daemon saw it ready: what was logged before it did not kill the server while serving.
     ``site_rules`` (``[[diagnosis.rule]]``) are tried first, on every line of the crash.
     ``hand_rules=False`` reads with the catalogue and the frames alone (the rules written
-    from logs switched off): how it does on words it was never shown.
+    from logs switched off): how it does on words it was never shown; a collection of rule
+    names reads with those rules only (a release judged without the rules written after it).
     ``evidence_lineno`` is 1-based within the tail that was read. Never raises.
     """
     try:
-        return _diagnose(tail, exit_status, phase, kernel_log, pids, oom_kill_delta, ready_at, site_rules, hand_rules)
+        return never_on_a_guess(
+            _diagnose(tail, exit_status, phase, kernel_log, pids, oom_kill_delta, ready_at, site_rules, hand_rules))
     except Exception as exc:  # the daemon needs an answer whatever the bytes say
         return Diagnosis(
             cause=Cause.OTHER,
@@ -181,9 +183,13 @@ torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 ha
 
 def warm() -> None:
     """Load what a first diagnosis would (the rules, the catalogue's word index, the module
-    table), off the crash path: the daemon calls it in a thread once a server is READY."""
+    table, the system tables of ``meaning``, the start-up functions), off the crash path: the daemon calls it in a thread once a server is READY."""
     from supervisor.core.diagnosis.catalogue import catalogue, modules
+    from supervisor.core.diagnosis.meaning import tables
+    from supervisor.core.diagnosis.phase import startup_functions
 
     catalogue()
     modules()
+    tables()
+    startup_functions()
     diagnose(_WARM_LOG, phase=Phase.SERVING)

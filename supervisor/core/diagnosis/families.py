@@ -52,6 +52,28 @@ FRAME_READINGS: dict[str, _Rule] = {
     "memory": _Rule("frames memory", Cause.KV_POOL_TOO_SMALL, (), origin="frames"),
 }
 
+# What a value or the resource a message names means (``meaning``): pseudo-rules read before
+# the catalogue's family, which is often the module's (meaning before place). An import or ABI
+# failure is the environment whichever package raised it; it is read in the frames' slot, so a
+# line that names a cause anywhere in the crash still wins over it.
+MEANING_READINGS: dict[str, _Rule] = {
+    "port": _Rule("meaning port", Cause.PORT_IN_USE, (), origin="meaning"),
+    "bind_refused": _Rule("meaning bind_refused", Cause.CONFIG_ERROR, (), origin="meaning",
+                          runner_up=Cause.PORT_IN_USE),
+    "address": _Rule("meaning address", Cause.CONFIG_ERROR, (), origin="meaning"),
+    "model_file": _Rule("meaning model_file", Cause.MODEL_LOAD_ERROR, (), origin="meaning"),
+    "shared_memory": _Rule("meaning shared_memory", Cause.HOST_OOM, (), origin="meaning"),
+    "host_memory": _Rule("meaning host_memory", Cause.HOST_OOM, (), origin="meaning"),
+    "big_enomem": _Rule("meaning big_enomem", Cause.HOST_OOM, (), origin="meaning", runner_up=Cause.OTHER),
+    "sigbus": _Rule("meaning sigbus", Cause.OTHER, (), origin="meaning", strength="hint", runner_up=Cause.HOST_OOM),
+    "environment": _Rule("exception environment", Cause.OTHER, (), origin="frames"),
+    "oom": _Rule("kernel oom", Cause.HOST_OOM, (), origin="kernel"),
+    "xid": _Rule("kernel xid", Cause.GPU_HW_ERROR, (), origin="kernel"),
+}
+ENVIRONMENT_TYPES = frozenset({"ImportError", "ModuleNotFoundError"})
+ENVIRONMENT_WORDS = ("undefined symbol", "cannot open shared object file")
+_MEMORY_FAMILIES = frozenset({"host.memory", "cuda.memory", "kv_pool.startup", "kv_pool.exhausted"})
+
 # Causes that are often the consequence of another failure (a peer killed by the kernel
 # shows up as an NCCL timeout); a kernel OOM-killer line overrides them.
 _CONSEQUENTIAL = frozenset({Cause.NCCL_ERROR, Cause.WATCHDOG_HANG, Cause.OTHER})
@@ -66,5 +88,5 @@ _GENERIC = (
 
 # A family whose words say little ("unknown error" of CUDA's table): a hand rule that reads the
 # same line (nvidia-smi's "Unable to determine the device handle") goes first.
-_WEAK_FAMILIES = frozenset({"cuda.other"})
+_WEAK_FAMILIES = frozenset({"cuda.other"})  # never certain either: its words say only "a CUDA error"
 _NCCL_MEMORY = _family("cuda.memory via nccl", Cause.CUDA_OOM_STARTUP, phased=True, usual_phase=Phase.STARTING)

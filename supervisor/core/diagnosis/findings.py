@@ -4,18 +4,24 @@ first failure of the crash among them."""
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from supervisor.core.diagnosis import catalogue as _catalogue
+from supervisor.core.diagnosis import kernel, meaning
 from supervisor.core.diagnosis.families import (
     _CONFIG_TYPES,
     _GENERIC,
+    _MEMORY_FAMILIES,
     _NCCL_MEMORY,
     _PROCESS_EXIT,
     _SKIPPED_SUBSYSTEMS,
     _WEAK_FAMILIES,
+    ENVIRONMENT_TYPES,
+    ENVIRONMENT_WORDS,
     FAMILIES,
     FRAME_READINGS,
+    MEANING_READINGS,
 )
 from supervisor.core.diagnosis.limits import _BACK_WINDOW, MAX_CANDIDATES
 from supervisor.core.diagnosis.lines import _FRAME, _parse_exception, _strip_prefix
@@ -75,7 +81,66 @@ def _family_finding(log: _Log, reading: _Reading, i: int, end: int) -> _Finding 
         rule = _NCCL_MEMORY
     if not reading.sure:
         basis += " (the line holds only its opening words)"
-    return _Finding(rule, i, end, i, basis=basis, cited=reading.sure)
+    return _Finding(rule, i, end, i, basis=basis, cited=reading.sure and reading.family not in _WEAK_FAMILIES)
+
+
+def _environment_finding(log: _Log, i: int, end: int, exc: tuple[str, str] | None) -> _Finding | None:
+    """An import or ABI failure (``ImportError``, ``ModuleNotFoundError``, a shared library that
+    cannot be opened, an undefined symbol): the environment, whichever package raised it."""
+    if exc is None:
+        return None
+    kind = exc[0].rsplit(".", 1)[-1]
+    low = log.low(i)
+    if kind not in ENVIRONMENT_TYPES and not any(w in low for w in ENVIRONMENT_WORDS):
+        return None
+    why = kind if kind in ENVIRONMENT_TYPES else next(w for w in ENVIRONMENT_WORDS if w in low)
+    return _Finding(MEANING_READINGS["environment"], i, end, i,
+                    basis=f"exception type: {why}: an import or ABI failure is the environment, whichever package raised it")
+
+
+# What says a SIGBUS hit shared memory: its own words, or a Ray worker (its object store is a
+# mapping in /dev/shm; "*** SIGBUS received at time=" is Ray's failure handler, logging.cc).
+_SHM_WORDS = ("/dev/shm", " shm", "shm_", "shm-size", "rayworker", "raylet", "ray::", "logging.cc:")
+
+
+def _meaning_finding(log: _Log, i: int, text: str, end: int, reading: _Reading) -> _Finding | None:
+    """What the line's errno, signal or resource words mean (``meaning``), when they decide."""
+    value = meaning.errno_in(text)
+    name = value.name if value is not None else None
+    key, cited = None, False
+    if name == "EADDRINUSE":
+        key, cited = "port", True
+    elif name in ("EACCES", "EPERM") and meaning.binds(text):
+        key = "bind_refused"
+    elif name == "EADDRNOTAVAIL" and meaning.binds(text):
+        key = "address"
+    elif name == "ENOSPC" and meaning.SHARED_MEMORY.search(text):
+        key, cited = "shared_memory", True
+    elif name == "ENOMEM" and meaning.big(text):
+        key = "big_enomem"
+    elif name == "ENOENT" and meaning.names_model_file(text):
+        key, cited = "model_file", True
+    if key is None and reading.family not in _MEMORY_FAMILIES and (short := meaning.short_of(text)) is not None:
+        key, value = short.replace(" ", "_"), None
+        basis = f"meaning: the message says there is too little {short}"
+        return _Finding(MEANING_READINGS[key], i, end, i, basis=basis)
+    if key is None and value is None and reading.family in (None, *_WEAK_FAMILIES):
+        code = meaning.cuda_code_in(text)
+        held = _catalogue.catalogue().table_entry(code.name) if code is not None else None
+        if code is not None and held is not None and held.family in FAMILIES:
+            # the code's name in CUDA's own table ("cudaErrorIllegalAddress"): its family
+            return _Finding(FAMILIES[held.family], i, end, i, basis=f"meaning: {code.said()}: {held.family}")
+    if key is None and value is None:
+        value = meaning.signal_in(text)
+        if value is not None and value.name == "SIGBUS":
+            shm = log.find_lines(_SHM_WORDS, log.crash_start, last=1)
+            if shm:
+                return _Finding(MEANING_READINGS["shared_memory"], i, end, shm[0],
+                                basis=f"meaning: {value.said()} where the crash names shared memory or a Ray worker")
+            key = "sigbus"
+    if key is None or value is None:
+        return None
+    return _Finding(MEANING_READINGS[key], i, end, i, basis=f"meaning: {value.said()}", cited=cited)
 
 
 def _wraps_another(exc: tuple[str, str]) -> bool:
@@ -104,21 +169,24 @@ def _frames_finding(log: _Log, i: int, end: int, exc: tuple[str, str]) -> _Findi
         rule = FRAME_READINGS.get(sub)
         if rule is None:
             return None  # raised in code of no failure family (the scheduler, a model): other
-        if sub == "config" and exc[0].rsplit(".", 1)[-1] not in _CONFIG_TYPES:
+        kind = exc[0].rsplit(".", 1)[-1]
+        if sub == "config" and kind not in _CONFIG_TYPES:
             return None
+        if sub == "distributed" and kind in _CONFIG_TYPES:
+            rule = FRAME_READINGS["config"]  # a validation error in communication code: the parallel layout
         name = path.replace("\\", "/").rsplit("/", 1)[-1]
         return _Finding(rule, i, end, j, basis=f"frames: {name}:{lineno} {func} ({sub}, {_catalogue.module_path(path)})")
     return None
 
 
 def _rule_finding(rule: _Rule, i: int, end: int, support: int, found: set[str]) -> _Finding:
-    cited = any(rule.cite_of(n) is not None for n in found & set(rule.needles))
+    cited = any(rule.source_line(n) is not None for n in found & set(rule.needles))
     kind = "rule" if cited else "corpus rule"
     return _Finding(rule, i, end, support, basis=f"{kind} {rule.name}", cited=cited)
 
 
 def _line_finding(log: _Log, i: int, text: str, end: int, hits: dict[int, set[str]],
-                  hand_rules: bool) -> _Finding | None:
+                  rules: tuple[_Rule, ...]) -> _Finding | None:
     """What line ``i`` (``text``: its logical line, to ``end``) says of the crash, if anything:
     nothing when it is printed below error level; else the catalogue's family of its message,
     the hand rules for words the catalogue cannot hold (or reads only as CUDA's generic
@@ -127,18 +195,28 @@ def _line_finding(log: _Log, i: int, text: str, end: int, hits: dict[int, set[st
     if (level in _BELOW_ERROR and "nccl warn" not in log.low(i)) or "nccl info" in log.low(i):
         return None  # a warning or an information line never killed anything
     exc = log.exception(i)
+    environment = _environment_finding(log, i, end, exc)
+    if environment is not None:
+        return environment
+    record = kernel.record_in(text)
+    if record is not None:
+        return _Finding(MEANING_READINGS[record[0]], i, end, i, basis=f"kernel record: {record[1]}")
     reading = _catalogue_reading(text, exc)
     if reading.below and level is None:
         return None  # the stack prints these words as a warning
+    meant = _meaning_finding(log, i, text, end, reading)
+    if meant is not None:
+        return meant
     finding = _family_finding(log, reading, i, end)
-    weak = finding is not None and reading.family in _WEAK_FAMILIES and hand_rules
+    weak = finding is not None and finding.rule is FAMILIES.get(reading.family or "") \
+        and reading.family in _WEAK_FAMILIES and bool(rules)
     if finding is None and reading.entry is not None and reading.entry.family == _PROCESS_EXIT \
             and _SIGKILLED.search(text):
         return _Finding(_SIGKILL_RULE, i, end, i, basis=f"catalogue: {_PROCESS_EXIT}: {reading.entry.origin}",
                         cited=True)
-    if (finding is None or weak) and hand_rules:
+    if (finding is None or weak) and rules:
         found = set().union(*(hits.get(j, ()) for j in range(i, end + 1)))
-        for rule in RULES:
+        for rule in rules:
             support = rule.matches(log, i, text, found)
             if support is not None:
                 return _rule_finding(rule, i, end, support, found)
@@ -148,7 +226,14 @@ def _line_finding(log: _Log, i: int, text: str, end: int, hits: dict[int, set[st
     return finding
 
 
-def _find(log: _Log, hand_rules: bool = True) -> tuple[_Finding | None, _Finding | None]:
+def hand_rules_of(which: bool | Collection[str]) -> tuple[_Rule, ...]:
+    """The hand rules a reading uses: all (True), none (False), or those named."""
+    if isinstance(which, bool):
+        return RULES if which else ()
+    return tuple(r for r in RULES if r.name in which)
+
+
+def _find(log: _Log, hand_rules: bool | Collection[str] = True) -> tuple[_Finding | None, _Finding | None]:
     """The first failure of the crash, and the first one of another cause after it.
 
     Each line that may report a failure is read in log order (``_line_finding``): every
@@ -157,7 +242,8 @@ def _find(log: _Log, hand_rules: bool = True) -> tuple[_Finding | None, _Finding
     first hint (a SIGKILL, an ENOMEM); else the first echo (a closed peer connection, a
     collective timeout), which is then all we have.
     """
-    hits = log.find_needles(_NEEDLES, log.crash_start) if hand_rules else {}
+    rules = hand_rules_of(hand_rules)
+    hits = log.find_needles(_NEEDLES, log.crash_start) if rules else {}
     if log.count - log.crash_start <= MAX_CANDIDATES:
         candidates = set(range(log.crash_start, log.count))  # a short crash: every line is read
     else:
@@ -175,7 +261,7 @@ def _find(log: _Log, hand_rules: bool = True) -> tuple[_Finding | None, _Finding
                 break
         text, end = log.logical(i)
         consumed = end
-        finding = _line_finding(log, i, text, end, hits, hand_rules)
+        finding = _line_finding(log, i, text, end, hits, rules)
         if finding is None:
             continue
         frames = finding.rule.origin == "frames" and finding.rule.strength == "names"

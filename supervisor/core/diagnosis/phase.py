@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from functools import cache
+from importlib import resources
 
 from supervisor.core.diagnosis import catalogue as _catalogue
 from supervisor.core.diagnosis.lines import _strip_prefix
@@ -23,20 +25,18 @@ def _phase_at(
     """
     if given is Phase.SERVING:
         return Phase.SERVING, None, "daemon"
+    if log.ready_index is not None and index >= log.ready_index:
+        return Phase.SERVING, None, "markers: the server was ready before the error"
     report = "".join(log.low(i) + "\n" for i in finding_lines)
     progress = log.nearest_progress(index)
-    startup_kw = next((k for k in (*_CAPTURE_FRAMES, *_WEIGHTS_FRAMES, *_STARTUP_FRAMES) if k in report), None)
-    if startup_kw is not None:
-        source = f"frames: {startup_kw.strip(' =(.')}"
-        if any(k in report for k in _CAPTURE_FRAMES):
-            return Phase.STARTING, "capture", source
-        if any(k in report for k in _WEIGHTS_FRAMES):
-            return Phase.STARTING, "weights", source
-        stage = progress[0][1] if progress and progress[0][0] is Phase.STARTING else None
-        return Phase.STARTING, stage, source
-    serving_kw = next((k for k in _SERVING_FRAMES if k in report), None)
-    if serving_kw is not None:
-        return Phase.SERVING, None, f"frames: {serving_kw}"
+    framed = _outermost(report)
+    if framed is not None and framed[0] is Phase.STARTING:
+        stage, kw = framed[1], framed[2]
+        if stage is None:
+            stage = progress[0][1] if progress and progress[0][0] is Phase.STARTING else None
+        return Phase.STARTING, stage, f"frames: {kw.strip(' =(.')}"
+    if framed is not None:
+        return Phase.SERVING, None, f"frames: {framed[2]}"
     if progress is not None:
         (phase, stage), marker = progress
         return phase, stage, f"markers: last progress line before the error is {marker!r}"
@@ -49,6 +49,52 @@ def _phase_at(
     if given is Phase.STARTING:
         return Phase.STARTING, None, "daemon"
     return None, None, "unknown"
+
+
+STARTUP_FUNCTIONS_FILE = "startup_functions.tsv"
+_FRAME_FUNC = re.compile(r'^\s*file "[^"\n]{1,400}", line \d{1,7}, in (\w{1,120})$', re.MULTILINE)
+
+
+@cache
+def startup_functions() -> frozenset[str]:
+    """The engines' start-up functions (lowercased), harvested from their sources
+    (``scripts/catalogue/functions.py``): a frame in one of them is start-up code."""
+    try:
+        text = resources.files("supervisor.core.diagnosis").joinpath("data", STARTUP_FUNCTIONS_FILE).read_text(
+            encoding="utf-8")
+    except (FileNotFoundError, OSError):
+        return frozenset()
+    return frozenset(line.split("\t", 1)[0].lower() for line in text.splitlines()
+                     if line and not line.startswith(("#", "function\t")))
+
+
+def _outermost(report: str) -> tuple[Phase, str | None, str] | None:
+    """The phase the outermost frame with a phase marker says (a traceback lists the outermost
+    frame first): a serving loop that calls a loader's helper is serving; an initialisation
+    that runs a forward pass (warm-up, profiling, capture) is start-up. The stage is
+    "capture" or "weights" when the report holds their words anywhere below start-up."""
+    first: tuple[int, Phase, str] | None = None
+    for words, phase in ((_CAPTURE_FRAMES, Phase.STARTING), (_WEIGHTS_FRAMES, Phase.STARTING),
+                         (_STARTUP_FRAMES, Phase.STARTING), (_SERVING_FRAMES, Phase.SERVING)):
+        for kw in words:
+            at = report.find(kw)
+            if at >= 0 and (first is None or at < first[0]):
+                first = (at, phase, kw)
+    named = startup_functions()
+    for m in _FRAME_FUNC.finditer(report):
+        if first is not None and m.start() >= first[0]:
+            break
+        if m.group(1) in named:
+            first = (m.start(), Phase.STARTING, m.group(1))
+            break
+    if first is None:
+        return None
+    _, phase, kw = first
+    if phase is Phase.SERVING:
+        return phase, None, kw
+    stage = ("capture" if any(k in report for k in _CAPTURE_FRAMES)
+             else "weights" if any(k in report for k in _WEIGHTS_FRAMES) else None)
+    return phase, stage, kw
 
 
 # The functions that print a message say when it can be printed: the catalogue records each

@@ -52,6 +52,13 @@ class _Rule:
     def cite_of(self, needle: str) -> str | None:
         return next((c for n, c in self.cites if n == needle), None)
 
+    def source_line(self, needle: str) -> str | None:
+        """The needle's citation when it names the source line that prints it (package,
+        version, file:line: "sglang 0.5.23 srt/utils/watchdog.py:154"): only such a rule's
+        reading may be certain."""
+        cite = self.cite_of(needle)
+        return cite if cite is not None and _SOURCE_LINE.match(cite) else None
+
     def matches(self, log: _Log, index: int, text: str, found: set[str]) -> int | None:
         """Whether the line (with ``found`` needles in it) shows this rule; see ``context``."""
         if found.isdisjoint(self.needles):
@@ -59,6 +66,9 @@ class _Rule:
         if self.pattern is not None and self.pattern.search(text) is None:
             return None
         return index if self.context is None else self.context(log, index)
+
+
+_SOURCE_LINE = re.compile(r"[A-Za-z][\w.-]{0,40} \d[\w.+-]{0,20} [\w./-]{1,200}\.\w{1,4}:\d{1,6}\b")
 
 
 def _ci(pattern: str) -> re.Pattern[str]:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from supervisor.core.diagnosis import catalogue as _catalogue
 from supervisor.core.diagnosis.families import _GENERIC
-from supervisor.core.diagnosis.findings import _Finding
+from supervisor.core.diagnosis.findings import _Finding, _frames_finding
 from supervisor.core.diagnosis.limits import _OTHER_SCAN_LINES, MAX_EVIDENCE_CHARS
 from supervisor.core.diagnosis.log import _Log
 from supervisor.core.diagnosis.markers import _CLEAR_GPU_STAGES
@@ -64,6 +65,12 @@ def _from_finding(log: _Log, f: _Finding, other: _Finding | None, given: Phase |
     # remedy depends on it. A frames reading, a corpus-only rule or a hint never is.
     certain = rule.strength == "names" and f.cited and (phase_known or cause not in _PHASE_DEPENDENT)
     runner_up = rule.runner_up
+    if cause in STARTUP_ONLY and phase is Phase.SERVING and phase_known:
+        # a cause that can only happen at start-up, read in a death while serving: not certain,
+        # and the runner-up is what the code that raised it says (else other)
+        certain = False
+        framed = _frames_reading(log, f)
+        runner_up = framed if framed is not None and framed is not cause else Cause.OTHER
     if not certain:
         if rule.phased:
             runner_up = Cause.CUDA_OOM_RUNTIME if cause is Cause.CUDA_OOM_STARTUP else Cause.CUDA_OOM_STARTUP
@@ -81,6 +88,9 @@ def _from_finding(log: _Log, f: _Finding, other: _Finding | None, given: Phase |
         evidence = (*evidence, _killed_summary(log, f))
     if rule.origin == "frames":
         evidence = (*evidence, f"read by the code that raised it: {f.basis.removeprefix('frames: ')}")
+    if rule.origin == "catalogue" and cause in _MEMORY_CAUSES and not any("memory" in e.lower() for e in evidence):
+        # its words do not say memory (cudaHostRegister): the catalogue's family of the message does
+        evidence = (*evidence, f"the stack's own message ({f.basis.removeprefix('catalogue: ')})")
     if not phase_known:
         source = f"unknown (assumed {phase}, the usual phase of this error)"
     return Diagnosis(
@@ -103,6 +113,26 @@ def _from_finding(log: _Log, f: _Finding, other: _Finding | None, given: Phase |
 
 
 _MEMORY_CAUSES = frozenset({*_PHASE_DEPENDENT, Cause.HOST_OOM})
+# Causes that can only happen while a server starts: its arguments, its model, its port, the
+# start-up's CUDA OOM (``unbalanced``: another process holds part of the GPU at launch).
+STARTUP_ONLY = frozenset({Cause.MODEL_LOAD_ERROR, Cause.CONFIG_ERROR, Cause.PORT_IN_USE, Cause.CUDA_OOM_STARTUP})
+
+
+def _frames_reading(log: _Log, f: _Finding) -> Cause | None:
+    """The cause the frames of a finding's exception give (its innermost frame's subsystem)."""
+    exc = log.exception_near(f.index)
+    if exc is None:
+        return None
+    framed = _frames_finding(log, exc[2], log.logical(exc[2])[1], (exc[0], exc[1]))
+    return framed.rule.cause if framed is not None else None
+
+
+def never_on_a_guess(d: Diagnosis) -> Diagnosis:
+    """Only a certain reading may stop the night: an uncertain one whose remedy would give up
+    restarts with backoff instead (the crash-loop give-up ends it if it repeats)."""
+    if d.certain or d.remedy is not Remedy.GIVE_UP:
+        return d
+    return replace(d, remedy_override=Remedy.RESTART)
 
 
 def _other(log: _Log, given: Phase | None, exit_status: ExitStatus | None) -> Diagnosis:

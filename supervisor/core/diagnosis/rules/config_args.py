@@ -15,11 +15,12 @@ RULES: tuple[_Rule, ...] = (
         ("error: unrecognized arguments", "error: argument", "error: ambiguous option",
          "error: the following arguments are required", "invalid choice:"),
         origin="python",
-        cites=(("error: unrecognized arguments", "CPython argparse.py: 'unrecognized arguments: %s'"),
-               ("error: argument", "CPython argparse.py ArgumentError: 'argument %s: %s'"),
-               ("error: ambiguous option", "CPython argparse.py: 'ambiguous option: %s could match %s'"),
-               ("error: the following arguments are required", "CPython argparse.py: 'the following arguments are required: %s'"),
-               ("invalid choice:", "CPython argparse.py: 'invalid choice: %r (choose from %s)'")),
+        cites=(("error: unrecognized arguments", "cpython 3.11.7 Lib/argparse.py:1871: 'unrecognized arguments: %s'"),
+               ("error: argument", "cpython 3.11.7 Lib/argparse.py:776: 'argument %(argument_name)s: %(message)s'"),
+               ("error: ambiguous option", "cpython 3.11.7 Lib/argparse.py:2263: 'ambiguous option: %(option)s could match'"),
+               ("error: the following arguments are required", "cpython 3.11.7 Lib/argparse.py:2142: "
+                "'the following arguments are required: %s'"),
+               ("invalid choice:", "cpython 3.11.7 Lib/argparse.py:2552: 'invalid choice: %(value)r (choose from'")),
     ),
     _Rule(
         "constraint",

@@ -15,6 +15,8 @@ RULES: tuple[_Rule, ...] = (
         remedy=Remedy.CLEAR_GPU,
         usual_phase=Phase.STARTING,
         phase_in_text=True,
+        cites=(("memory capacity is unbalanced", "sglang 0.5.23 srt/distributed/bootstrap.py:450: 'The memory capacity is "
+                "unbalanced. Some GPUs may be occupied by other processes.'"),),
     ),
     # -- CUDA OOM: runtime or startup by phase
     _Rule(  # NCCL failed to allocate its own buffers: it does so at communicator init and on the

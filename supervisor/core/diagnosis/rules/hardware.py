@@ -1,33 +1,13 @@
-"""The GPU itself: a restart cannot fix it, whatever frames surround it."""
+"""The GPU itself: a restart cannot fix it, whatever frames surround it. (The NVIDIA driver's
+Xid records are read as kernel records, ``kernel.record_in``, in every mode.)"""
 
 from __future__ import annotations
 
-import re
-
-from supervisor.core.diagnosis.log import _Log
 from supervisor.core.diagnosis.rule import _Rule
 from supervisor.core.model import Cause
 
-# Xid codes that mean the hardware or its links failed (ECC, fell off the bus, NVLink/fabric,
-# GSP). 13, 31, 43, 45 are faults of the application and are not counted.
-_HW_XIDS = frozenset(
-    {48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 121, 140, 144, 145, 146, 147, 148, 149, 150, 154}
-)
-_XID = re.compile(r"\bXid\b(?: \([^)\n]{0,40}\))?(?: error)?:? ?(\d{1,3})\b|previous Xid (\d{1,3})\b", re.I)
-
-
-def _hw_xid(log: _Log, index: int) -> int | None:
-    for m in _XID.finditer(log.text(index)):
-        code = m.group(1) or m.group(2)
-        if code and int(code) in _HW_XIDS:
-            return index
-    return None
-
-
 RULES: tuple[_Rule, ...] = (
     # -- the GPU itself: a restart cannot fix it, whatever frames surround it
-    _Rule("xid", Cause.GPU_HW_ERROR, ("xid",), context=_hw_xid, origin="nvidia-driver",
-          cites=(("xid", "NVIDIA driver NVRM kernel message: 'NVRM: Xid (PCI:...): 79, ...'"),)),
     _Rule(
         "gpu_lost",
         Cause.GPU_HW_ERROR,

@@ -27,12 +27,10 @@ RULES: tuple[_Rule, ...] = (
             ("leave no gpu memory for the kv cache", "sglang 0.5.23 srt/mem_cache/kv_cache_configurator.py:3051"),
             ("increase --mem-fraction-static", "sglang 0.5.23 srt/model_executor/pool_configurator.py:96"),
             ("larger than the profiled value", "sglang 0.5.23 srt/mem_cache/kv_cache_configurator.py:3102"),
-            ("no available memory for the cache blocks", "vllm/worker/cache_engine: 'No available memory for the cache blocks. "
-             "Try increasing `gpu_memory_utilization`'"),
+            ("no available memory for the cache blocks", "vllm 0.8.5.post1 v1/core/kv_cache_utils.py:527: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization`'"),
             ("maximum number of tokens that can be stored in kv cache", "vllm/v1/core/kv_cache_utils.py: "
              "'...is larger than the maximum number of tokens that can be stored in KV cache'"),
-            ("larger than the available kv cache memory", "vllm/v1/core/kv_cache_utils.py: "
-             "'...needed memory is larger than the available KV cache memory'"),
+            ("larger than the available kv cache memory", "vllm 0.33.0 v1/core/kv_cache_planning.py:77: 'To serve at least one request with the model’s max seq len (<*>), (<*> KV cache is needed,'"),
         ),
     ),
     _Rule(
@@ -45,7 +43,10 @@ RULES: tuple[_Rule, ...] = (
         usual_phase=Phase.SERVING,
         phase_in_text=True,
         origins=(("runs out of memory. please set a smaller number", "sglang-legacy"),),
-        cites=(("runs out of memory. please set a smaller number", "sglang <= 0.4 schedule_batch.py alloc_req_slots: "
-                "'alloc_req_slots runs out of memory. Please set a smaller number for `--max-running-requests`.'"),),
+        cites=(("out of memory. try to lower your batch size", "sglang 0.5.23 srt/mem_cache/allocation.py:167: 'Out of memory. Try to lower your batch size.'"),
+               ("decode out of memory", "sglang 0.5.23 srt/mem_cache/allocation.py:617: 'Decode out of memory. Try to lower your batch size.'"),
+               ("prefill out of memory", "sglang 0.5.23 srt/mem_cache/allocation.py:243: 'Prefill out of memory. Try to lower your batch size.'"),
+               ("alloc_req_slots runs out of memory", "sglang 0.5.23 srt/mem_cache/allocation.py:344: 'alloc_req_slots runs out of memory. Please set a smaller number for `--max-running-request'"),
+               ("runs out of memory. please set a smaller number", "sglang 0.5.23 srt/mem_cache/allocation.py:344: 'alloc_req_slots runs out of memory. Please set a smaller number for `--max-running-request'"),),
     ),
 )

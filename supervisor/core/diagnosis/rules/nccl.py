@@ -18,7 +18,7 @@ ERRORS: tuple[_Rule, ...] = (
         origin="nccl",
         origins=(("distbackenderror", "torch"), ("distnetworkerror", "torch"), ("nccl error", "torch")),
         cites=(
-            ("nccl error", "torch/csrc/distributed/c10d/NCCLUtils.hpp C10D_NCCL_CHECK: 'NCCL error in: '"),
+            ("nccl error", "sglang 0.5.23 srt/distributed/device_communicators/pynccl_wrapper.py:474: 'NCCL error: <*>'"),
             ("ncclinternalerror", "nccl.h ncclInternalError"), ("ncclsystemerror", "nccl.h ncclSystemError"),
             ("ncclunhandledcudaerror", "nccl.h ncclUnhandledCudaError"), ("ncclremoteerror", "nccl.h ncclRemoteError"),
             ("ncclinvalidusage", "nccl.h ncclInvalidUsage"),
