@@ -46,8 +46,9 @@ _NORMALISERS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"), "<id>"),
     (re.compile(r"\b0x[0-9a-fA-F]{1,32}\b"), "<hex>"),
     (re.compile(r"\b(?=[0-9a-f]{0,63}[a-f])(?=[0-9a-f]{0,63}\d)[0-9a-f]{16,64}\b"), "<hex>"),
-    # paths: two or more components (a file name alone stays: "scheduler.py" is a word)
-    (re.compile(r"(?:[A-Za-z]:)?(?:[~.]{0,2}/[\w.@+=:-]{1,200}){2,40}/?"), "<path>"),
+    # paths: two or more components (a file name alone stays: "scheduler.py" is a word), never
+    # ending in a full stop: "Unrecognized model in /models/x. Should have" keeps its sentence
+    (re.compile(r"(?:[A-Za-z]:)?(?:[~.]{0,2}/[\w.@+=:-]{1,200}){2,40}/?(?<!\.)"), "<path>"),
     # sizes before bare numbers: "2.00 GiB", "839.72 MiB", "1024 bytes"
     (re.compile(r"(?<![\w.])\d{1,20}(?:\.\d{1,12})? ?(?:[KMGTP]i?B|bytes?)\b", re.IGNORECASE), "<size>"),
     (re.compile(r"(?<![\w<])[-+]?\d{1,40}(?:\.\d{1,40})?(?:e[-+]?\d{1,4})?(?![\w>])", re.IGNORECASE), "<n>"),
