@@ -92,7 +92,8 @@ def test_a_planted_import_breaks_its_contract(tmp_path: Path, module: str, line:
 def test_the_daemon_side_loads_no_simulator_torch_or_sglang() -> None:
     """Every module the daemon process can load (the CLI, the composition root, the daemon,
     the services, every adapter and sink) pulls in neither the simulator and its
-    ``setproctitle`` (the ``[sim]`` extra) nor torch or sglang, nor matplotlib (the ``[report]``
+    ``setproctitle`` and ``aiohttp`` (the ``[sim]`` extra; the daemon speaks HTTP by h11) nor
+    torch or sglang, nor matplotlib (the ``[report]``
     extra); nor etcd's client (``aetcd``,
     ``grpc``): that is imported only when ``[fleet]`` (or ``[group]``) is on, by
     ``adapters.etcd``'s first connect (tests/test_fleet_e2e.py checks a running daemon)."""
@@ -107,7 +108,7 @@ def test_the_daemon_side_loads_no_simulator_torch_or_sglang() -> None:
     code = (
         "import importlib, sys\n"
         f"for m in {modules!r}: importlib.import_module(m)\n"
-        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sglang', 'setproctitle', 'aetcd', 'grpc', 'matplotlib')"
+        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sglang', 'setproctitle', 'aiohttp', 'yarl', 'aetcd', 'grpc', 'matplotlib')"
         " or m.startswith(('supervisor.sim', 'supervisor.report')))))\n"
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)

@@ -8,12 +8,9 @@ loop: the whole exchange is bounded by the timeout and at most ``MAX_BODY`` byte
 
 from __future__ import annotations
 
-import asyncio
 import time
 
-import aiohttp
-
-from supervisor.adapters.http import FreshSession
+from supervisor.adapters import http
 from supervisor.adapters.ports import ProbeOutcome
 
 MAX_BODY = 64 * 1024
@@ -23,28 +20,27 @@ class HealthProber:
     def __init__(self, url: str, timeout_s: float) -> None:
         self.url = url
         self.timeout_s = timeout_s
-        self._http = FreshSession(timeout_s)  # a fresh connection per probe
+        self._url = http.parse_url(url)
 
     async def probe(self) -> ProbeOutcome:
+        """One GET on a fresh connection: healthy only for a 200 (a redirect is not followed);
+        at most ``MAX_BODY`` bytes of its body are read."""
         start = time.monotonic()
         status: int | None = None
         try:
-            async with asyncio.timeout(self.timeout_s):
-                async with self._http.session().get(self.url, allow_redirects=False) as resp:
-                    status = resp.status
-                    await resp.content.read(MAX_BODY)
+            status = (await http.request(self._url, timeout_s=self.timeout_s, max_body=MAX_BODY)).status
             ok = status == 200
             detail = "ok" if ok else f"HTTP {status}"
         except TimeoutError:
             ok, detail = False, f"no answer within {self.timeout_s:g} s"
-        except aiohttp.ClientConnectorError as exc:
-            ok, detail = False, f"connection failed: {exc.os_error.strerror if exc.os_error else exc}"
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
-            ok, detail = False, f"{type(exc).__name__}: {str(exc)[:200]}"
+        except http.ConnectError as exc:
+            ok, detail = False, f"connection failed: {exc}"
+        except http.HttpError as exc:
+            ok, detail = False, str(exc)
         return ProbeOutcome(ok, status, time.monotonic() - start, detail)
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        """Nothing is kept between probes; here for the ports' shape (a prober is closed)."""
 
 
 # SGLang's own gauges (--enable-metrics; srt/observability/metrics_collector.py), one per
@@ -64,22 +60,18 @@ class KvMetricsReader:
     def __init__(self, url: str, timeout_s: float) -> None:
         self.url = url
         self.timeout_s = timeout_s
-        self._http = FreshSession(timeout_s)
+        self._url = http.parse_url(url)
 
     async def read(self) -> tuple[float, int] | None:
         """(the highest token usage, the queued requests) or None when unreadable."""
         try:
-            async with asyncio.timeout(self.timeout_s):
-                async with self._http.session().get(self.url, allow_redirects=False) as resp:
-                    if resp.status != 200:
-                        return None
-                    body = await resp.content.read(MAX_METRICS_BODY)
-        except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+            resp = await http.request(self._url, timeout_s=self.timeout_s, max_body=MAX_METRICS_BODY)
+        except (TimeoutError, http.HttpError):
             return None
-        return parse_kv_gauges(body)
+        return parse_kv_gauges(resp.body) if resp.status == 200 else None
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        """Nothing is kept between reads."""
 
 
 def parse_kv_gauges(body: bytes) -> tuple[float, int] | None:

@@ -15,16 +15,12 @@ words should it echo it.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
-import aiohttp
-from yarl import URL
-
-from supervisor.adapters.http import FreshSession
+from supervisor.adapters import http
 from supervisor.adapters.ports import RouterError, RouterWorker
 
 MAX_BODY = 4 * 1024 * 1024  # the worker list of a big fleet fits; a runaway body does not
@@ -33,14 +29,15 @@ DETAIL_CHARS = 200
 
 class RouterClient:
     def __init__(self, url: str, token: str | None, timeout_s: float) -> None:
-        base = URL(url)
-        if base.scheme not in ("http", "https") or not base.host:
-            raise ValueError(f"router url must be http(s)://host[:port], got {_shown(url)!r}")
-        self._base = base.with_user(None).with_query(None).with_fragment(None)
-        self.url = str(self._base).rstrip("/")  # what messages name: no credentials in it
+        try:
+            base = http.parse_url(url)
+        except ValueError:
+            raise ValueError(f"router url must be http(s)://host[:port], got {_shown(url)!r}") from None
+        self._base = base
+        self._path = urlsplit(url).path.rstrip("/")  # a router mounted under a path keeps it
+        self.url = base.base + self._path  # what messages name: no credentials, no query
         self._token = token or None
         self.timeout_s = timeout_s
-        self._http = FreshSession(timeout_s)  # a fresh connection per call
 
     async def list_workers(self) -> list[RouterWorker]:
         op = "list workers"
@@ -73,31 +70,31 @@ class RouterClient:
         self._expect_2xx(op, status, body)
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        """Nothing is kept between calls (a fresh connection each)."""
 
     # -- one bounded exchange -------------------------------------------------------------
 
     async def _call(self, op: str, method: str, path: str, payload: Any = None) -> tuple[int, bytes]:
-        headers = {"Accept": "application/json"}
+        headers = [("Accept", "application/json")]
         if self._token:
-            headers["Authorization"] = f"Bearer {self._token}"
-        url = self._base.with_path(self._base.path.rstrip("/") + path, encoded=True)
+            headers.append(("Authorization", f"Bearer {self._token}"))
+        body = None
+        if payload is not None:
+            body = json.dumps(payload).encode()
+            headers.append(("Content-Type", "application/json"))
+        url = http.Url(self._base.scheme, self._base.host, self._base.port, self._base.netloc, self._path + path)
         try:
-            async with asyncio.timeout(self.timeout_s):
-                async with self._http.session().request(
-                    method, url, json=payload, headers=headers, allow_redirects=False,
-                ) as resp:
-                    body = await resp.content.read(MAX_BODY + 1)
-                    if len(body) > MAX_BODY:
-                        raise self._error(op, f"answer over {MAX_BODY} bytes", resp.status)
-                    return resp.status, body
+            resp = await http.request(url, method, timeout_s=self.timeout_s, max_body=MAX_BODY,
+                                      headers=tuple(headers), body=body)
         except TimeoutError:
             raise self._error(op, f"no answer within {self.timeout_s:g} s") from None
-        except aiohttp.ClientConnectorError as exc:
-            errno = exc.os_error.errno if exc.os_error else None
-            raise self._error(op, f"cannot connect: {os.strerror(errno) if errno else exc}") from None
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
-            raise self._error(op, f"{type(exc).__name__}: {exc}") from None
+        except http.ConnectError as exc:
+            raise self._error(op, f"cannot connect: {os.strerror(exc.errno) if exc.errno else exc}") from None
+        except http.HttpError as exc:
+            raise self._error(op, str(exc)) from None
+        if not resp.complete:
+            raise self._error(op, f"answer over {MAX_BODY} bytes", resp.status)
+        return resp.status, resp.body
 
     def _expect_2xx(self, op: str, status: int, body: bytes) -> None:
         if not 200 <= status < 300:
@@ -136,6 +133,8 @@ def _one_line(text: str) -> str:
 def _shown(url: str) -> str:
     """``url`` without credentials, for the message of a refused one."""
     try:
-        return str(URL(url).with_user(None))
+        parts = urlsplit(url)
+        netloc = parts.netloc.rpartition("@")[2]
+        return parts._replace(netloc=netloc).geturl()
     except ValueError:
         return "<unparsable>"

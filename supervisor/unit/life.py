@@ -114,9 +114,9 @@ class ServerLife:
 
     def reload(self, cfg: Config) -> None:
         self.cfg = cfg
-        # A changed port or path is probed from the next probe on. The old HTTP sessions are
-        # closed when this launch ends (a probe may be using them now) or at close: dropped
-        # unclosed, aiohttp prints "Unclosed client session" on stderr, in the JSON log.
+        # A changed port or path is probed from the next probe on. The old probers are closed
+        # when this launch ends (a probe may be using them now) or at close: the port lets a
+        # prober hold a connection (the shipped one keeps none: adapters/http.py).
         self._retired += [old for old in (self._prober, self._kv) if old is not None]
         self._prober = None
         self._kv = None
