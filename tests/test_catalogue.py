@@ -401,3 +401,15 @@ def reading_family(line: str) -> str | None:
     from supervisor.core.diagnosis import read_line
 
     return read_line(line)[0]
+
+
+@pytest.mark.parametrize("count", [0, 1, 7, 5000])
+def test_the_index_numbers_parse_the_same_in_pieces(count: int) -> None:
+    """The index's number lists are parsed a few KB at a time (no 42,000 strings at once):
+    every piece boundary, even one inside a tiny piece, gives back the same numbers."""
+    from supervisor.core.diagnosis.catalogue import _numbers
+
+    numbers = [(i * 7919) % 10_000_019 for i in range(count)]
+    text = ",".join(map(str, numbers))
+    for piece in (1, 3, 50, 4096):
+        assert list(_numbers(text, piece)) == numbers

@@ -71,7 +71,7 @@ async def test_stop_of_an_unknown_server_and_while_stopping_are_refused(tmp_path
         assert await rig.stop() == 0  # a held server: the daemon's stop ends it
 
 
-async def test_the_first_ready_loads_the_diagnosis_tables_off_the_crash_path(tmp_path):
+async def test_the_first_launch_loads_the_diagnosis_tables_off_the_crash_path(tmp_path):
     from supervisor.core.diagnosis.catalogue import catalogue
 
     async with asyncio.timeout(DEADLINE_S):

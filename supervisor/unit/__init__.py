@@ -153,7 +153,7 @@ class ServerUnit:
         self._followers: list[Callable[[Core], None]] = [
             lambda _core: self.host.notify_status(),
             lambda core: self.life.mark_ready() if core.state is State.READY else None,
-            lambda core: self.host.warm_diagnosis() if core.state is State.READY else None,
+            lambda core: self.host.warm_diagnosis() if core.state in (State.STARTING, State.READY) else None,
         ]
         self._gpu_monitor: Monitor | None = None
         self._router: RouterSync | None = None  # SGLang's router's view of the server ([router])

@@ -458,8 +458,18 @@ def index_text(catalogue_text: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def _numbers(text: str) -> array[int]:
-    return array("I", (int(x) for x in text.split(",") if x))
+def _numbers(text: str, piece: int = 4096) -> array[int]:
+    """A comma-separated list of row numbers, parsed a few KB at a time: split whole, the
+    offsets' 42,000 numbers would be 2 MB of short strings at once, and the allocator keeps
+    what they took (measured: the index loads in +1.9 MB of RSS so, +2.6 MB split whole)."""
+    out = array("I")
+    start, end = 0, len(text)
+    while start < end:
+        cut = text.find(",", start + piece)
+        cut = end if cut < 0 else cut
+        out.extend(int(x) for x in text[start:cut].split(",") if x)
+        start = cut + 1
+    return out
 
 
 def _load_indexed(path: Path, index_file: Path) -> Catalogue | None:
