@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.real import launches
 from tests.real.sglang_env import RealSGLang, RealSGLangMissing, load
 
 LOCK_PATH = "/tmp/real-sglang.lock"  # shared with other users of the host: one real server at a time
@@ -23,6 +24,7 @@ _HERE = Path(__file__).resolve().parent
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "real: launches a real SGLang server on the CPU (make e2e)")
     config.addinivalue_line("markers", "soak: the real night, compressed (make soak-real); not in make test yet")
+    launches.COUNTER.start()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -31,6 +33,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.real)
             if item.get_closest_marker("timeout") is None:  # a test may need longer (the conformance night)
                 item.add_marker(pytest.mark.timeout(REAL_TIMEOUT_S))
+    # the launch budget is judged last, once every launch of the run was seen
+    items.sort(key=lambda item: Path(str(item.path)).name == "test_launch_budget.py")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    launches.COUNTER.stop()
+    terminalreporter.write_line(launches.COUNTER.summary())
 
 
 @pytest.fixture(scope="session")
