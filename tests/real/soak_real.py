@@ -775,9 +775,9 @@ class Night:
             s = [x for x in self.watch.samples if x["pid"] == d.proc.pid]
             if not s:
                 continue
-            # the daemon's first READY loads the diagnosis's tables in a thread (its rules, the
-            # catalogue's word index: ~2.5 MB, once; Daemon.warm_diagnosis): "warm" is the
-            # first sample 10 s after it
+            # the daemon's first launch loads the diagnosis's tables in a thread (its rules, the
+            # catalogue's word index: ~2 MB, once; Daemon.warm_diagnosis), long before READY:
+            # "warm" is the first sample 10 s after the first READY
             events = read_events(d.log_path)
             marks = [float(e["mono"]) for e in events if e.get("event") == "server_ready"][:1]
             warm = next((x for x in s if marks and x["t"] >= marks[0] + 10.0), None)
