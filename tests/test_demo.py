@@ -76,3 +76,19 @@ def test_a_demo_on_a_held_port_says_who_holds_it(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     assert r.stderr == (f"demo: the simulated SGLang's port 127.0.0.1:{port} is in use by pid {os.getpid()} "
                         f"({psutil.Process().name()}): pass --port N for another, or leave --port out for a free one\n")
+
+
+def test_without_the_sim_extra_the_demo_names_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A production install has neither setproctitle nor aiohttp (the daemon speaks HTTP by
+    h11): the demo says which, and how to get them, in one line."""
+    import importlib.util
+
+    from supervisor.cli import registry
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("setproctitle", "aiohttp") else real(name, *a))
+    why = registry.sim_missing()
+    assert why is not None and "(setproctitle, aiohttp)" in why and "[sim]" in why and "\n" not in why
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    assert registry.sim_missing() is None

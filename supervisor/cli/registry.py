@@ -7,7 +7,8 @@ other CLI module does (import-linter, ``pyproject.toml``). Two things come throu
 - the ``demo`` command.
 
 The simulator's own process (``python -m supervisor.sim.simulator``) needs the ``[sim]``
-extra (``setproctitle``, for SGLang's process titles); without it the demo says so in one
+extra (``setproctitle``, for SGLang's process titles, and ``aiohttp``, its HTTP server and the
+demo's load; the daemon speaks HTTP by h11); without it the demo says so in one
 line instead of watching a simulator die at import.
 """
 
@@ -43,8 +44,9 @@ def make_probe(cfg: GpuConfig) -> GpuProbe:
 
 def sim_missing() -> str | None:
     """Why the simulator cannot run here (one line), or None."""
-    if importlib.util.find_spec("setproctitle") is None:
-        return f"the demo runs the simulator, which needs the [sim] extra: {SIM_EXTRA_HINT}"
+    missing = [name for name in ("setproctitle", "aiohttp") if importlib.util.find_spec(name) is None]
+    if missing:
+        return f"the demo runs the simulator, which needs the [sim] extra ({', '.join(missing)}): {SIM_EXTRA_HINT}"
     return None
 
 
