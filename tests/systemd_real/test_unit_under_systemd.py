@@ -160,9 +160,20 @@ def need_root() -> None:
     pytest.skip("the real-systemd tier needs root (systemd-nspawn); not in CI")
 
 
+def outside_tmp() -> None:
+    """The shipped unit has PrivateTmp=yes: the daemon sees a /tmp of its own, so a checkout or
+    a virtualenv under /tmp (or /var/tmp) is not there for it (status=203/EXEC), in this test
+    as on a host. One line instead of every test failing at its first start."""
+    for what, path in (("the checkout", REPO), ("its virtualenv", VENV.resolve()), ("its Python", Path(sys.base_prefix))):
+        if path == Path("/tmp") or Path("/tmp") in path.parents or Path("/var/tmp") in path.parents:
+            pytest.fail(f"{what} is under a temporary directory ({path}); the unit's PrivateTmp=yes hides it from "
+                        "the daemon: clone the project elsewhere (CI's clone is not under /tmp)", pytrace=False)
+
+
 @pytest.fixture(scope="module")
 def box(tmp_path_factory) -> Iterator[Box]:
     need_root()
+    outside_tmp()
     nspawn = require_binary("systemd-nspawn")
     require_binary("nsenter")
     root = rootfs(require_binary("debootstrap"))
