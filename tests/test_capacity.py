@@ -314,10 +314,31 @@ def test_retraction_lines_are_spotted_in_reads_without_splitting_lines() -> None
             b"[2026-12-02 03:00:02 TP1] Decode out of memory happened. #retracted_reqs: 1, #new_token_ratio: 0.5 -> 1.0\n"
             b"[2026-12-02 03:00:03 TP0] retract_decode: aborted last request 5f3c due to OOM\n"
             b"[2026-12-02 03:00:04 TP0] Testing retraction. #retracted_reqs: 0, #new_tokens_gained: 0\n")
-    ServerProcess._spot(SimpleNamespace(spotted=SPOTTED), data, seen.append)  # type: ignore[arg-type]
+    ServerProcess._spot(SimpleNamespace(spotted=SPOTTED), data, len(data), seen.append)  # type: ignore[arg-type]
     assert [line.split("] ")[1][:20] for line in seen] == [
         "KV cache pool is ful", "Decode out of memory", "Testing retraction. ", "retract_decode: abor"]
     assert seen[0].endswith("1.0000") and "#retracted_reqs: 3" in seen[0]
+
+
+@pytest.mark.parametrize("before", [b"", b"x" * 5000 + b"\n", b"a_b\n", b"tp_rank 3 retracted_reqs\n", b"_" * 3])
+def test_a_spotted_word_is_found_wherever_its_rare_byte_first_appears(before: bytes) -> None:
+    """A word is searched from its rarest byte's first place (``_`` in both of SGLang's): an
+    ``_`` in other text before it, one just in front of it, or none in the read at all (then
+    nothing is searched) never loses a line that holds it; the read's bound ``n`` is kept."""
+    from types import SimpleNamespace
+
+    from supervisor.adapters.process import ServerProcess, _pivot
+    from supervisor.unit.life import SPOTTED
+
+    assert all(_pivot(word)[0] == b"_" for word in SPOTTED)
+    line = b"[TP0] KV cache pool is full. Retract requests. #retracted_reqs: 2, #new_tokens_gained: 9\n"
+    flood = b"[TP0] Decode batch. #running-req: 40, #token: 900, token usage: 0.99, #queue-req: 0, \n" * 50
+    for data in (before + line + flood, flood + before + line, before + flood):
+        seen: list[str] = []
+        spotter = SimpleNamespace(spotted=SPOTTED)
+        ServerProcess._spot(spotter, data + line, len(data), seen.append)  # type: ignore[arg-type]
+        assert len(seen) == data.count(b"#retracted_reqs: 2"), (before, seen)
+        assert all("#retracted_reqs: 2" in s for s in seen)
 
 
 def test_a_retraction_that_retracted_nothing_is_no_pressure_and_the_source_is_named() -> None:

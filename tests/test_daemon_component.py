@@ -219,8 +219,8 @@ class FakeLog:
         self.data = bytearray()
         self.closed = False
 
-    def write(self, data: bytes) -> None:
-        self.data += data
+    def write(self, data: bytes | memoryview) -> None:
+        self.data += data  # a copy: ``data`` may be the pump's shared buffer
 
     def close(self) -> None:
         self.closed = True

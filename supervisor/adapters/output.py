@@ -67,7 +67,7 @@ class RotatingLog:
             self._fail(f"cannot rotate {self.path}: {exc.strerror}")
         self._open()
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         """Append ``data``, rotating at ``max_bytes`` (a big chunk is split at a newline)."""
         view = memoryview(data)
         rotated = False

@@ -223,9 +223,9 @@ class RouterError(Exception):
 
 
 class ServerLog(Protocol):
-    """The server's own log file (``process.RotatingLog``): written by the spawner's reader."""
+    """The server's log (``output.RotatingLog``), given views of the pump's buffer: copy what is kept."""
 
-    def write(self, data: bytes) -> None: ...
+    def write(self, data: bytes | memoryview) -> None: ...
     def close(self) -> None: ...
 
 

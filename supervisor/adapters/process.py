@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import os
 import signal
 import time
@@ -49,6 +50,23 @@ BATCH_S = 0.1
 # mapping of its own; and a buffer per server would cost 1 MiB of RSS each.
 _READ_BUFFER = bytearray(PIPE_SIZE)
 _READ_VIEW = memoryview(_READ_BUFFER)
+
+
+# Bytes that log text holds rarely, rarest first: a spotted word is searched from where the
+# first of these it holds first appears (``ServerProcess._spot``). Letters, digits, spaces and
+# ``.,:-#()[]/`` fill every SGLang line and are not here.
+RARE_BYTES = b"_|~^`@$%&*+=<>{}\\;!?\"'"
+
+
+@functools.lru_cache(maxsize=16)
+def _pivot(word: bytes) -> tuple[bytes, int]:
+    """The rarest byte of ``word`` (by ``RARE_BYTES``) and where it first is in the word;
+    (b"", 0) when it has none."""
+    for byte in RARE_BYTES:
+        at = word.find(bytes((byte,)))
+        if at >= 0:
+            return bytes((byte,)), at
+    return b"", 0
 
 
 class AdoptedChild:
@@ -223,15 +241,15 @@ class ServerProcess:
         if not n:
             self._finish()
             return None
-        data = _READ_VIEW[:n].tobytes()
+        view = _READ_VIEW[:n]  # written and kept from the shared buffer itself: no copy per read
         self.last_output_at = self._loop.time()
-        self.log.write(data)
-        self.tail.append(data)
+        self.log.write(view)
+        self.tail.append(view)
         if self.on_line is not None:
-            self._split_lines(data)
+            self._split_lines(view.tobytes())
         elif self.on_spotted is not None:
-            self._spot(data, self.on_spotted)
-        return len(data)
+            self._spot(_READ_BUFFER, n, self.on_spotted)
+        return n
 
     def _on_readable(self) -> None:
         """Watching (add_reader): keep up with a flood; after two small, slow reads in a row
@@ -301,17 +319,31 @@ class ServerProcess:
         for line in lines:
             self._deliver(line)
 
-    def _spot(self, data: bytes, callback: Callable[[str], None]) -> None:
-        """The lines of ``data`` that hold a spotted word, one call each (a word cut by a read
-        boundary is missed: the words are a signal that repeats, not a record)."""
+    def _spot(self, buf: bytes | bytearray, n: int, callback: Callable[[str], None]) -> None:
+        """The lines of the read (``buf``'s first ``n`` bytes: the shared buffer, searched in
+        place) that hold a spotted word, one call each (a word cut by a read boundary is missed: the
+        words are a signal that repeats, not a record).
+
+        A word is looked for only from where its rarest byte first appears (``_pivot``:
+        ``_`` in both of SGLang's retraction words, a byte its decode and access lines never
+        hold): one ``memchr`` pass, and a read without it is not searched at all. A log flood
+        of decode lines costs one fast scan a read instead of one slow search a word (issue
+        36, item 3: the search was most of the pump's cost)."""
         for word in self.spotted:
-            at = data.find(word)
+            pivot, offset = _pivot(word)
+            at = 0
+            if pivot:
+                first = buf.find(pivot, 0, n)
+                if first < 0:
+                    continue
+                at = max(0, first - offset)  # the word's own pivot cannot lie before ``first``
+            at = buf.find(word, at, n)
             while at >= 0:
-                start = data.rfind(b"\n", 0, at) + 1
-                end = data.find(b"\n", at)
-                end = len(data) if end < 0 else end
-                callback(data[start:end].decode("utf-8", errors="replace").rstrip("\r"))
-                at = data.find(word, end)
+                start = buf.rfind(b"\n", 0, at) + 1
+                end = buf.find(b"\n", at, n)
+                end = n if end < 0 else end
+                callback(bytes(buf[start:end]).decode("utf-8", errors="replace").rstrip("\r"))
+                at = buf.find(word, end, n)
 
     def _deliver(self, line: bytes) -> None:
         callback = self.on_line
