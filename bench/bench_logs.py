@@ -39,6 +39,9 @@ CONSUMERS = ("ours", "supervisord", "cat", "file", "devnull")
 MODES = ("format", "raw")
 
 
+# Issue 36's goal (issue 8's was 1.05×: a Python pump that writes a log, keeps a tail and
+# spots words in what it reads does three things `cat` does not).
+VS_CAT_GOAL = 1.5
 SETTLE_S = 1.0  # the flood starts this long after the child, once its supervisor has settled
 
 
@@ -148,6 +151,6 @@ def run(settings: Settings, exe: Path) -> Section:
             Row(f"logs_{mode}", f"log pass-through, {count:,} lines ({what}): child's wall time", "s",
                 ours, theirs, "≤ supervisord", ours.value <= theirs.value, note=base),
             Row(f"logs_{mode}_vs_cat", f"log pass-through ({mode}) ÷ `cat > file`, paired per repeat", "×",
-                vs_cat, sv_vs_cat, "≤ 1.05×", vs_cat.value <= 1.05),
+                vs_cat, sv_vs_cat, f"≤ {VS_CAT_GOAL}×", vs_cat.value <= VS_CAT_GOAL),
         ]
     return section
