@@ -14,7 +14,7 @@ exchange itself.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 import h11
@@ -51,6 +51,15 @@ class Url:
     def base(self) -> str:
         """``scheme://netloc``: what a message may show."""
         return f"{self.scheme}://{self.netloc}"
+
+    @property
+    def path(self) -> str:
+        """The target's path, without its query."""
+        return self.target.partition("?")[0]
+
+    def at(self, target: str) -> Url:
+        """The same server, another target."""
+        return replace(self, target=target)
 
 
 def parse_url(url: str) -> Url:
@@ -134,12 +143,14 @@ async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
                 raise HttpError("the connection closed before an answer")
             # an InformationalResponse (1xx) is followed by the real one: read on
     except h11.ProtocolError as exc:
-        raise HttpError(f"not an HTTP answer: {_one_line(str(exc))}") from None
+        raise HttpError(f"not an HTTP answer: {one_line(str(exc), 200)}") from None
     except OSError as exc:  # reset, broken pipe
         raise HttpError(exc.strerror or type(exc).__name__) from None
 
 
-def _one_line(text: str, limit: int = 200) -> str:
+def one_line(text: str, limit: int | None = None) -> str:
+    """``text`` on one line (white space runs as one space), cut to ``limit`` characters and
+    ``...`` when longer; for messages that quote what a server said."""
     text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit] + "..."
+    return text if limit is None or len(text) <= limit else text[:limit] + "..."
 

@@ -34,7 +34,7 @@ class RouterClient:
         except ValueError:
             raise ValueError(f"router url must be http(s)://host[:port], got {_shown(url)!r}") from None
         self._base = base
-        self._path = urlsplit(url).path.rstrip("/")  # a router mounted under a path keeps it
+        self._path = base.path.rstrip("/")  # a router mounted under a path keeps it
         self.url = base.base + self._path  # what messages name: no credentials, no query
         self._token = token or None
         self.timeout_s = timeout_s
@@ -82,9 +82,8 @@ class RouterClient:
         if payload is not None:
             body = json.dumps(payload).encode()
             headers.append(("Content-Type", "application/json"))
-        url = http.Url(self._base.scheme, self._base.host, self._base.port, self._base.netloc, self._path + path)
         try:
-            resp = await http.request(url, method, timeout_s=self.timeout_s, max_body=MAX_BODY,
+            resp = await http.request(self._base.at(self._path + path), method, timeout_s=self.timeout_s, max_body=MAX_BODY,
                                       headers=tuple(headers), body=body)
         except TimeoutError:
             raise self._error(op, f"no answer within {self.timeout_s:g} s") from None
@@ -117,17 +116,12 @@ class RouterClient:
     def _error(self, op: str, detail: str, status: int | None = None) -> RouterError:
         if self._token:
             detail = detail.replace(self._token, "<token>")
-        return RouterError(_one_line(f"router {self.url}: {op} failed: {detail}"), status=status)
+        return RouterError(http.one_line(f"router {self.url}: {op} failed: {detail}"), status=status)
 
 
 def _snippet(body: bytes | str) -> str:
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
-    text = _one_line(text)
-    return text if len(text) <= DETAIL_CHARS else text[:DETAIL_CHARS] + "..."
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    return http.one_line(text, DETAIL_CHARS)
 
 
 def _shown(url: str) -> str:
