@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,69 @@ def test_failed_rename_leaves_no_temp_file(store: StateStore) -> None:
     with pytest.raises(StoreError, match="cannot write"):
         store.save({"a": 1})
     assert [p.name for p in store.dir.iterdir()] == [STATE_FILE]
+
+
+def test_a_save_is_read_back_before_its_fsync_and_flushed_waits_for_it(store: StateStore,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The new state is what a reader sees when ``save`` returns (a daemon killed then loses
+    nothing); its fsync, file then directory, runs on the flusher's thread, and ``flushed``
+    waits for it (issue 36: the fsync was most of crash -> noticed)."""
+    gate, synced, threads = threading.Event(), [], set()
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        gate.wait(10)
+        threads.add(threading.current_thread().name)
+        synced.append(os.path.realpath(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    store.save({"learned": {"fraction": 0.88}})
+    assert synced == []  # save did not wait for the disk
+    data, warning = store.load()
+    assert warning is None and data is not None and data["learned"] == {"fraction": 0.88}
+    gate.set()
+    store.flushed()
+    assert synced == [str(store.path.resolve()), str(store.dir.resolve())]
+    assert threads and all(name.startswith("state-fsync") for name in threads)
+    assert [p.name for p in store.dir.iterdir()] == [STATE_FILE]
+
+
+def test_a_failed_fsync_is_raised_by_the_next_save(store: StateStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An fsync error (EIO: the disk lost the write) is not lost with its thread: the next
+    ``save`` raises it, as a failed write would, and the one after writes again."""
+    def failing(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing)
+    store.save({"a": 1})
+    store.flushed()
+    monkeypatch.undo()
+    with pytest.raises(StoreError, match="cannot write: Input/output error"):
+        store.save({"a": 2})
+    store.save({"a": 3})
+    store.flushed()
+    data, _ = store.load()
+    assert data is not None and data["a"] == 3
+
+
+def test_release_flushes_first(store: StateStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lock is let go only once the last state is on the disk: the next daemon starts from it."""
+    order: list[str] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (order.append("fsync"), real_fsync(fd))[1])
+    store.acquire()
+    store.save({"a": 1})
+    real_close = os.close
+
+    def close(fd: int) -> None:
+        if fd == store.lock_fd:
+            order.append("unlock")
+        real_close(fd)
+
+    monkeypatch.setattr(os, "close", close)
+    store.release()
+    assert order == ["fsync", "fsync", "unlock"]
 
 
 # --- the lock -------------------------------------------------------------------------------

@@ -1,7 +1,12 @@
 """The state directory: learned state, the live server's process group, a lock.
 
-- ``state.json`` is written atomically (temp file, fsync, rename). A corrupt file is moved
-  aside with a warning and the daemon starts from the config, never crashes.
+- ``state.json`` is written atomically (temp file, rename): once ``save`` returns, the new
+  state is what any reader or a restarted daemon sees, even if this daemon is killed the next
+  instant. Its fsync (file, then directory), against a power loss, runs on one worker thread
+  right after, off the crash path: it cost 0.4-2.3 ms before each ``state_changed`` of a
+  crash, more than the rest of noticing it (issue 36). A flush that fails is raised by the
+  next ``save``. A corrupt file is moved aside with a warning and the daemon starts from the
+  config, never crashes.
 - ``daemon.lock`` is held (flock) while a daemon runs on this state directory, so two
   daemons can never drive two servers onto the same GPUs.
 - Write failures (read-only or full disk) raise ``StoreError``; the daemon logs them once
@@ -16,6 +21,7 @@ import json
 import os
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +37,8 @@ class StateStore:
         self.path = self.dir / STATE_FILE
         self._lock_fd: int | None = None
         self._inherited_lock = inherited_lock  # the lock a re-exec kept open (``adapters.reexec``)
+        self._flusher: ThreadPoolExecutor | None = None  # one thread: the fsyncs, in order
+        self._flush_error: str | None = None
 
     @property
     def lock_fd(self) -> int | None:
@@ -74,6 +82,7 @@ class StateStore:
         self._lock_fd = fd
 
     def release(self) -> None:
+        self.flushed()  # the last state on the disk before another daemon may take it
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -119,6 +128,9 @@ class StateStore:
         return data, None
 
     def save(self, data: dict[str, Any]) -> None:
+        if self._flush_error is not None:
+            error, self._flush_error = self._flush_error, None
+            raise StoreError(f"{self.path}: cannot write: {error}")
         payload = json.dumps({"version": 1, **data}, indent=1, sort_keys=True).encode()
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -126,15 +138,37 @@ class StateStore:
         except OSError as exc:
             raise StoreError(f"{self.path}: cannot write: {exc.strerror}") from None
         try:
-            with os.fdopen(fd, "wb") as f:
+            with os.fdopen(os.dup(fd), "wb") as f:
                 f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
             Path(tmp).replace(self.path)
         except OSError as exc:
+            os.close(fd)
             with contextlib.suppress(OSError):
                 Path(tmp).unlink()
             raise StoreError(f"{self.path}: cannot write: {exc.strerror}") from None
+        if self._flusher is None:
+            self._flusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-fsync")
+        self._flusher.submit(self._flush, fd)
+
+    def _flush(self, fd: int) -> None:
+        """On the flusher's thread: the file written (``fd``, then closed) and its rename, to
+        the disk."""
+        try:
+            os.fsync(fd)
+            dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            self._flush_error = exc.strerror or type(exc).__name__
+        finally:
+            os.close(fd)
+
+    def flushed(self) -> None:
+        """Until every save so far is on the disk (a clean exit, a re-exec, a test)."""
+        if self._flusher is not None:
+            self._flusher.submit(lambda: None).result()
 
 
 def _state_object(raw: bytes) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from supervisor.core.config import Config, ConfigError, alert_instance, load_con
 if TYPE_CHECKING:
     from supervisor.adapters.mqtt import MqttTransport
     from supervisor.adapters.router import RouterClient
+    from supervisor.adapters.store import StateStore
     from supervisor.sinks.alerts import AlertSink
     from supervisor.sinks.metrics import Metrics
 
@@ -175,7 +176,7 @@ class ReexecAdapter:
         from supervisor.services.reexec import HANDOVER_VERSION
 
         self._cfg, self._config_path, self._overrides = cfg, config_path, list(overrides)
-        self.stores: Mapping[str, Any] = {}
+        self.stores: Mapping[str, StateStore] = {}
         self.metrics: dict[str, Metrics] = {}  # each server's, whose counters the exec carries
         self.alerters: Sequence[MqttTransport] = ()
         self.inherited: Mapping[str, Any] | None = None
@@ -222,7 +223,9 @@ class ReexecAdapter:
     def exec(self, doc: Mapping[str, Any], keep_fds: Sequence[int]) -> None:
         from supervisor.adapters import reexec
 
-        locks = {d: s.lock_fd for d, s in self.stores.items() if getattr(s, "lock_fd", None) is not None}
+        for store in self.stores.values():
+            store.flushed()  # the last state on the disk before the exec ends the flusher thread
+        locks = {d: s.lock_fd for d, s in self.stores.items() if s.lock_fd is not None}
         path = reexec.path_in(self._cfg.state.dir)
         counters = {name: m.counter_values() for name, m in self.metrics.items()}
         reexec.write(path, {**doc, "locks": locks, "metrics": counters})
