@@ -17,10 +17,11 @@ START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
 # Why a goal is missed, as measured (profiled) on this box; shown only while it is missed.
 _NOTICE = (
-    "the daemon adds to the floor (a parent blocked in `waitpid()`, see the note): asyncio's "
-    "child-watcher thread wakes, hands the event loop a callback across the GIL, then the core "
-    "steps and the JSON line is written (a pidfd child watcher, no thread, measured the same); "
-    "on 2 shared cores the p99 follows the machine's load more than the daemon."
+    "the daemon adds to the floor (a parent blocked in `waitpid()`, see the note) what lies "
+    "between a part's pidfd turning readable and `state_changed`: the loop's wake-up, the core's "
+    "step, the state file's write and rename (its fsync runs on a flusher thread since issue 36: "
+    "it was 0.4-2.3 ms of it) and the JSON line; on 2 shared cores the p99 follows the machine's "
+    "load more than the daemon."
 )
 _PUMP = (
     "measured on the pump alone (80 MB pre-formatted): before issue 36 the search for the two "
