@@ -5,8 +5,8 @@
   instant. Its fsync (file, then directory), against a power loss, runs on one worker thread
   right after, off the crash path: it cost 0.4-2.3 ms before each ``state_changed`` of a
   crash, more than the rest of noticing it (issue 36). A flush that fails is raised by the
-  next ``save``. A corrupt file is moved aside with a warning and the daemon starts from the
-  config, never crashes.
+  next ``save``, once that one's state is written. A corrupt file is moved aside with a
+  warning and the daemon starts from the config, never crashes.
 - ``daemon.lock`` is held (flock) while a daemon runs on this state directory, so two
   daemons can never drive two servers onto the same GPUs.
 - Write failures (read-only or full disk) raise ``StoreError``; the daemon logs them once
@@ -128,9 +128,6 @@ class StateStore:
         return data, None
 
     def save(self, data: dict[str, Any]) -> None:
-        if self._flush_error is not None:
-            error, self._flush_error = self._flush_error, None
-            raise StoreError(f"{self.path}: cannot write: {error}")
         payload = json.dumps({"version": 1, **data}, indent=1, sort_keys=True).encode()
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -146,9 +143,12 @@ class StateStore:
             with contextlib.suppress(OSError):
                 Path(tmp).unlink()
             raise StoreError(f"{self.path}: cannot write: {exc.strerror}") from None
+        error, self._flush_error = self._flush_error, None  # an earlier flush's, read before this one's
         if self._flusher is None:
             self._flusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-fsync")
         self._flusher.submit(self._flush, fd)
+        if error is not None:  # this state is written; the disk lost an earlier one
+            raise StoreError(f"{self.path}: cannot write: {error}")
 
     def _flush(self, fd: int) -> None:
         """On the flusher's thread: the file written (``fd``, then closed) and its rename, to
