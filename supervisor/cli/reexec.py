@@ -71,11 +71,16 @@ def _said(before: dict[str, Any], after: dict[str, Any], out: IO[str]) -> int:
     was = {s.get("name"): s for s in before.get("servers") or []}
     relaunched = []
     for s in after.get("servers") or []:
-        old = was.get(s.get("name")) or {}
-        kept = s.get("adopted") and s.get("pid") == old.get("pid") and s.get("attempt") == old.get("attempt")
+        # what was handed over at the safe point, not what stood when asked: a launch or stop
+        # under way then (an operator's restart) ends first, and its server is the one adopted
+        asked = was.get(s.get("name")) or {}
+        handed = s.get("handed_over") or asked
+        kept = s.get("adopted") and s.get("pid") == handed.get("pid") and s.get("attempt") == handed.get("attempt")
         if not kept:
             relaunched.append(str(s.get("name")))
         what = "adopted" if kept else "relaunched"
+        if kept and handed.get("attempt") != asked.get("attempt"):
+            what += f" (launch {asked.get('attempt')}, under way when asked, ended first)"
         print(f"  {s.get('name')}: {s.get('state')}, pid {s.get('pid')}, launch {s.get('attempt')}: {what}",
               file=out, flush=True)
     if relaunched:

@@ -507,14 +507,19 @@ def reexec_mid_backoff(t: Trial) -> None:
        "the re-exec waits for the restart's READY, then adopts the new server: two launches, no third",
        "the reexec request")
 def reexec_mid_stop(t: Trial) -> None:
-    t.configure({"server": {"stop_grace_s": 5.0}})
+    # the server's drain looks every 2 s (SGLang's sigterm_watchdog; 5 s in 0.5.23), so the
+    # restart's stop is still under way when the CLI asks: the CLI then sees launch 1
+    # stopping, and the daemon hands over launch 2 (the CLI compared with launch 1 and said
+    # "relaunched" when its question came first: a flake in CI)
+    t.configure({"server": {"stop_grace_s": 10.0}}, sim_args=("--sim-drain-poll-s", "2.0"))
     d = t.start()
     d.wait_for("server_ready")
     subprocess.run([sys.executable, "-m", "supervisor.cli", "restart", "--config", str(t.cfg), "--no-wait"],
                    capture_output=True, timeout=60, cwd=REPO, check=True)
     d.wait_for("state_changed", to="RESTARTING")
     asked = time.monotonic()
-    _reexec(t)
+    done = _reexec(t)
+    assert "launch 2: adopted (launch 1, under way when asked, ended first)" in done["stdout"], done["stdout"]
     said = d.wait_for("reexec")
     assert said["adopted"] and not said.get("relaunching")
     assert float(d.wait_for("server_ready", count=2)["mono"]) < float(said["mono"])
