@@ -274,6 +274,8 @@ def test_journalctl_p_err_finds_a_give_up_and_the_fields_select_a_server(box):
     box.config("pair", servers=("tp4-a", "tp4-b"), sim_args=("--sim-fail", "model_load"))
     box.start("pair")
     box.wait_event("pair", "gave_up", server="tp4-b")
+    # tp4-b may give up before tp4-a is READY (its load fails at once): neither order is promised
+    box.wait_event("pair", "server_ready", server="tp4-a")
     unit = ["-u", box.unit("pair"), "-o", "cat"]
     errors = [json.loads(line) for line in box.m.journal(*unit, "-p", "err").splitlines() if line.startswith("{")]
     assert any(e["event"] == "gave_up" and e["server"] == "tp4-b" for e in errors)
