@@ -42,7 +42,7 @@ class Unit(Protocol):
     core: Core | None
     adopted: bool
     why_not_adopted: str | None
-    handed_over: tuple[int | None, int] | None  # the pid and launch adopted
+    handed_over: dict[str, Any] | None  # the pid and launch adopted ({pid, attempt})
 
     def quiet(self) -> bool: ...
     def hand_over(self, fired: Sequence[Timer] = ()) -> dict[str, Any]: ...
@@ -108,7 +108,7 @@ class InPlace:
                 "servers": [{"name": u.name, "state": str(u.core.state) if u.core else None,
                              "pid": u.core.pid if u.core else None,
                              "attempt": u.core.attempt if u.core else None, "adopted": u.adopted,
-                             "handed_over": _pid_launch(u.handed_over)}
+                             "handed_over": u.handed_over}
                             for u in self.host.units]}
 
     async def run(self, reason: str, *, quiet_s: float = REEXEC_QUIET_S, partial: bool = False) -> dict[str, Any]:
@@ -229,10 +229,6 @@ class InPlace:
             relaunching=tuple(u.name for u in self.host.units if not u.adopted), why_not=self.why_not_adopted(),
             gap_s=round(gap, 3) if gap is not None else None,
         ))
-
-
-def _pid_launch(handed_over: tuple[int | None, int] | None) -> dict[str, Any] | None:
-    return None if handed_over is None else {"pid": handed_over[0], "attempt": handed_over[1]}
 
 
 def _moves(item: Any) -> bool:

@@ -164,7 +164,7 @@ class ServerUnit:
         self.why_not_adopted: str | None = None
         # the pid and launch handed over (what ``reexec`` compares with, not what it saw
         # when it asked: a launch or stop under way then ends before the safe point)
-        self.handed_over: tuple[int | None, int] | None = None
+        self.handed_over: dict[str, Any] | None = None  # {pid, attempt}
 
     @property
     def server(self) -> ServerHandle | None:
@@ -463,7 +463,7 @@ class ServerUnit:
             _close_fds(doc)
             return False, unfit
         self.core = replace(core, learned=core.learned.rebased(self.cfg))
-        self.handed_over = (core.pid, core.attempt)
+        self.handed_over = {"pid": core.pid, "attempt": core.attempt}
         loop = asyncio.get_running_loop()
         if core.state is State.READY and Timer.PROBE not in timers:
             timers[Timer.PROBE] = loop.time()  # its probe was in flight at the exec: probe again now
