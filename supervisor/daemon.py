@@ -320,7 +320,7 @@ class Daemon:
                                    returncodes=tuple(r.returncode for r in reaped)))
 
     def request_stop(self, reason: str) -> None:
-        self._arm_deadline()
+        self._begin_stopping()
         if self.inplace.busy and self.inplace.task is not None:
             self.inplace.task.cancel()  # a stop wins over a re-exec not yet done: nothing held is lost
         if self._rolling is not None:
@@ -512,8 +512,7 @@ class Daemon:
 
     async def _shutdown(self) -> None:
         self._closing = True  # a task failing from here on is only logged
-        self._arm_deadline()
-        self.p.notifier.stopping()
+        self._begin_stopping()
         if self._control is not None:
             await self._control.close()
         reasons = {u.core.reason for u in self.units if u.core}
@@ -531,11 +530,14 @@ class Daemon:
 
     # -- the shutdown's deadline ----------------------------------------------------------
 
-    def _arm_deadline(self) -> None:
-        """From the first stop request (or the daemon leaving on its own), the whole stop,
-        sinks included, has ``shutdown_deadline_s``; ``disarm`` when the process may end."""
+    def _begin_stopping(self) -> None:
+        """From the first stop request (or the daemon leaving on its own): ``STOPPING=1`` at
+        once, before the servers drain (systemd shows the unit deactivating for the whole
+        drain, not only for its last instant), and the whole stop, sinks included, has
+        ``shutdown_deadline_s``; ``disarm`` when the process may end."""
         if self._deadline is not None:
             return
+        self.p.notifier.stopping()
         loop = asyncio.get_running_loop()
         seconds = shutdown_deadline_s(self.cfg)
         self._stop_requested_at = loop.time()

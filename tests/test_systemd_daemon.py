@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,10 +71,18 @@ class Daemon:
 
     def wait_for(self, predicate: Callable[[Message], bool], what: str, after: int = 0) -> Message:
         """A notify message satisfying ``predicate``; fails at once if the daemon has exited."""
-        def found() -> Message | None:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"daemon exited ({self.proc.returncode}) waiting for {what}:\n{self.log_tail()}")
+        def seen() -> Message | None:
             return next((m for m in self.notify.messages[after:] if predicate(m)), None)
+
+        def found() -> Message | None:
+            if self.proc.poll() is None:
+                return seen()
+            # It exited: what it sent before exiting counts (the listener drains every 50 ms).
+            time.sleep(0.2)
+            message = seen()
+            if message is None:
+                raise AssertionError(f"daemon exited ({self.proc.returncode}) waiting for {what}:\n{self.log_tail()}")
+            return message
 
         return wait_until(found, timeout=DEADLINE_S, what=what)
 
@@ -132,7 +141,8 @@ def serving(d: Daemon) -> Message:
 
 
 def test_daemon_tells_systemd_ready_status_watchdog_and_stopping(daemon: Daemon) -> None:
-    """READY=1, a READY status line, WATCHDOG=1 about every WATCHDOG_USEC/2, then SIGTERM => STOPPING=1 and exit 0."""
+    """READY=1, a READY status line, WATCHDOG=1 about every WATCHDOG_USEC/2, then SIGTERM => STOPPING=1
+    at once (before the server's drain ends, not after it) and exit 0."""
     status = serving(daemon)
     assert "fraction=" in status["STATUS"] and "\n" not in status["STATUS"]
     first = len(daemon.notify.messages)
@@ -148,6 +158,9 @@ def test_daemon_tells_systemd_ready_status_watchdog_and_stopping(daemon: Daemon)
     daemon.proc.send_signal(signal.SIGTERM)
     daemon.wait_for(lambda m: m.get("STOPPING") == "1", "STOPPING=1")
     assert daemon.proc.wait(timeout=STOP_GRACE_S + DEADLINE_S) == 0, daemon.log_tail()
+    stopping_at = next(t for t, m in daemon.notify.timed() if m.get("STOPPING") == "1")
+    [stopped] = daemon.json_events("server_stopped")
+    assert stopping_at < float(stopped["mono"]), "STOPPING=1 came only after the server had stopped"
     _, alive = psutil.wait_procs(server, timeout=10)
     assert not alive, f"SGLang outlived the daemon: {alive}"
 
