@@ -53,6 +53,7 @@ from supervisor.services.reexec import InPlace
 from supervisor.services.rolling import PassEnd, another_serves, roll
 from supervisor.unit import ServerUnit, wall_now
 from supervisor.unit.handover import HandOver
+from supervisor.unit.life import give_back_free_memory
 
 
 async def watchdog_loop(
@@ -277,7 +278,11 @@ class Daemon:
         self._warmed = True
         from supervisor.core.diagnosis import warm
 
-        self.spawn(asyncio.to_thread(warm), "warm-diagnosis")
+        def load() -> None:
+            warm()
+            give_back_free_memory()
+
+        self.spawn(asyncio.to_thread(load), "warm-diagnosis")
 
     def notify_status(self) -> None:
         self.p.notifier.status(" | ".join(u.status_text() for u in self.units))

@@ -114,3 +114,24 @@ def test_the_daemon_side_loads_no_simulator_torch_or_sglang() -> None:
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == [], f"the daemon side loaded: {r.stdout}"
+
+
+def test_a_serving_daemon_loads_only_what_its_config_turns_on() -> None:
+    """What ``sglang-supervisor run`` imports before it reads its config (the CLI's parser,
+    which imports every command module, the composition root, the daemon) brings no MQTT
+    client (aiomqtt, paho: loaded when [mqtt] is on, by ``cli/run.py``), no etcd client, and
+    not importlib's resource readers or ``zipfile`` (the diagnosis reads its tables as files):
+    each is RSS a daemon without them would hold all night (issue 36: <= 40 MB serving)."""
+    code = (
+        "import importlib, sys\n"
+        "from supervisor.cli import build_parser\n"
+        "build_parser()\n"
+        "for m in ('supervisor.cli.run', 'supervisor.daemon', 'supervisor.core.diagnosis'): importlib.import_module(m)\n"
+        "from supervisor.core.diagnosis import warm\n"
+        "warm()\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('aiomqtt', 'paho', 'aetcd', 'grpc', 'zipfile')"
+        " or m.startswith('importlib.readers') or m.startswith('importlib.resources'))))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [], f"loaded before the config asked for it: {r.stdout}"

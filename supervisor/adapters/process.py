@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import fcntl
 import functools
+import mmap
 import os
 import signal
 import time
@@ -47,8 +48,10 @@ BATCH_S = 0.1
 # One buffer for every read of every server (the event loop reads one pipe at a time), each
 # read copied out at the size read: ``os.read(fd, 1 MiB)`` would ask malloc for 1 MiB (an mmap)
 # and shrink it in place, so each small read the tail keeps would cost a 4 KiB page and a
-# mapping of its own; and a buffer per server would cost 1 MiB of RSS each.
-_READ_BUFFER = bytearray(PIPE_SIZE)
+# mapping of its own; and a buffer per server would cost 1 MiB of RSS each. An anonymous
+# mapping, not a bytearray (which zero-fills, so touches, all of it): a page costs RSS only once
+# a read has reached it, so a server that logs a few KB at a time holds a few pages, not 1 MiB.
+_READ_BUFFER = mmap.mmap(-1, PIPE_SIZE)
 _READ_VIEW = memoryview(_READ_BUFFER)
 
 
@@ -319,7 +322,7 @@ class ServerProcess:
         for line in lines:
             self._deliver(line)
 
-    def _spot(self, buf: bytes | bytearray, n: int, callback: Callable[[str], None]) -> None:
+    def _spot(self, buf: bytes | bytearray | mmap.mmap, n: int, callback: Callable[[str], None]) -> None:
         """The lines of the read (``buf``'s first ``n`` bytes: the shared buffer, searched in
         place) that hold a spotted word, one call each (a word cut by a read boundary is missed: the
         words are a signal that repeats, not a record).

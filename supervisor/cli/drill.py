@@ -10,13 +10,16 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-import structlog
-from structlog.typing import FilteringBoundLogger
-
-from supervisor.adapters.mqtt import PUBLISH_ERRORS, failure, publish_once
 from supervisor.core.config import Config, MqttConfig, alert_instance
-from supervisor.sinks.alerts import client_id, default_host, drill_message, utcnow
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
+
+# The MQTT client (aiomqtt, paho) and the alerts' words are imported by ``drill`` itself: the
+# CLI's parser imports every command module, and the daemon (``run``) loads them only when
+# [mqtt] is on.
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +38,7 @@ async def drill(
     instance: str,
     timeout_s: float = 10.0,
     logger: FilteringBoundLogger | None = None,
-    clock: Callable[[], datetime] = utcnow,
+    clock: Callable[[], datetime] | None = None,
 ) -> DrillResult:
     """Publish one ``drill`` alert (QoS >= 1) and report whether the broker acknowledged it.
 
@@ -43,9 +46,15 @@ async def drill(
     Each step (connect, TLS, CONNACK, PUBACK) waits at most ``timeout_s``. The drill uses
     its own client id and no Will, so it never disturbs a running daemon's connection.
     """
+    import structlog
+
+    from supervisor.adapters.mqtt import PUBLISH_ERRORS, failure, publish_once
+    from supervisor.sinks.alerts import client_id, drill_message, utcnow
+
     log = logger if logger is not None else structlog.get_logger("supervisor.cli.drill")
     alert_id = str(uuid.uuid4())
-    topic, payload = drill_message(cfg, host=host, instance=instance, ts=clock(), alert_id=alert_id)
+    ts = (clock or utcnow)()
+    topic, payload = drill_message(cfg, host=host, instance=instance, ts=ts, alert_id=alert_id)
     try:
         await publish_once(cfg, f"{client_id(cfg, host, instance)}-drill-{alert_id[:8]}", topic, payload,
                            retain=False, timeout_s=timeout_s, log=log)
@@ -71,6 +80,8 @@ def run(args: argparse.Namespace, cfg: Config) -> int:
     if not (isinstance(timeout, float | int) and timeout > 0 and math.isfinite(timeout)):
         print(f"drill: not sent: --timeout must be a positive number of seconds, got {timeout!r}")
         return 1
+    from supervisor.sinks.alerts import default_host
+
     host = getattr(args, "host_name", None) or default_host()
     result = asyncio.run(drill(cfg.mqtt, host=host, instance=alert_instance(cfg), timeout_s=float(timeout)))
     if result.acknowledged:

@@ -12,11 +12,10 @@ from dataclasses import asdict
 from typing import Any
 
 from supervisor import TESTED_SGLANG
-from supervisor.adapters import cleanup, versions
-from supervisor.adapters.store import StateStore
-from supervisor.cli import registry
 from supervisor.core.config import Config
-from supervisor.services.preflight import all_ok, cli_checks, format_table
+
+# The adapters and checks are imported where they run: the CLI's parser imports every command
+# module, the daemon's process among them.
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,12 +26,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def read_state(state_dir: str) -> dict[str, Any] | None:
     """The state file as ``preflight`` reads it: a corrupt one is left where it is (moving it
     aside is the daemon's business)."""
+    from supervisor.adapters.store import StateStore
+
     state, _warning = StateStore(state_dir).load(move_aside=False)
     return state
 
 
 def read_version(command: Sequence[str]) -> tuple[str | None, str]:
     """The SGLang version of the server command's Python (a child process, bounded), or why not."""
+    from supervisor.adapters import versions
+
     try:
         return versions.sglang_version(versions.server_python(command), timeout_s=VERSION_TIMEOUT_S), ""
     except versions.VersionError as exc:
@@ -44,6 +47,10 @@ VERSION_TIMEOUT_S = 30.0  # the child only reads package metadata; a cold disk s
 
 def run(args: argparse.Namespace, cfg: Config) -> int:
     """Print the checks; 0 when all pass (a warning passes), 1 otherwise."""
+    from supervisor.adapters import cleanup
+    from supervisor.cli import registry
+    from supervisor.services.preflight import all_ok, cli_checks, format_table
+
     checks = asyncio.run(cli_checks(cfg, registry.make_probe(cfg.gpu), cleanup=cleanup, read_state=read_state,
                                     read_version=read_version, tested=TESTED_SGLANG))
     if getattr(args, "json", False):

@@ -30,10 +30,11 @@ from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
-from importlib import resources
 from itertools import chain
 from pathlib import Path
 from typing import overload
+
+from supervisor.core.diagnosis.datafiles import DATA_DIR, read_text
 
 ANY = "<*>"
 ANY_CHARS = 240  # what one <*> may stand for in a line
@@ -354,7 +355,6 @@ def _inner(entry: Entry, m: re.Match[str], text: str) -> str | None:
 # --------------------------------------------------------------------------- the data
 
 
-DATA = "data"
 CATALOGUE_FILE = "catalogue.tsv"
 INDEX_FILE = "catalogue.idx"
 MODULES_FILE = "modules.tsv"
@@ -524,26 +524,18 @@ def parse_modules(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(rows, key=lambda r: -len(r[0])))
 
 
-def _read(name: str) -> str:
-    try:
-        return resources.files("supervisor.core.diagnosis").joinpath(DATA, name).read_text(encoding="utf-8")
-    except (FileNotFoundError, OSError):
-        return ""
-
-
 @cache
 def catalogue() -> Catalogue:
     """The committed catalogue: through its index, its rows read when a line's words bring
     them up (a few MB, not the 60 of all its entries); read whole only where the index is
     missing or does not fit the file."""
-    data = resources.files("supervisor.core.diagnosis").joinpath(DATA)
+    path, index_file = DATA_DIR / CATALOGUE_FILE, DATA_DIR / INDEX_FILE
     try:
-        path, index_file = Path(str(data.joinpath(CATALOGUE_FILE))), Path(str(data.joinpath(INDEX_FILE)))
         if path.is_file() and index_file.is_file():
             indexed = _load_indexed(path, index_file)
             if indexed is not None:
                 return indexed
-        with data.joinpath(CATALOGUE_FILE).open("r", encoding="utf-8") as f:
+        with path.open("r", encoding="utf-8") as f:
             return parse_catalogue(f)
     except (FileNotFoundError, OSError, ValueError):
         return Catalogue(())
@@ -552,7 +544,7 @@ def catalogue() -> Catalogue:
 @cache
 def modules() -> tuple[tuple[str, str], ...]:
     """The committed module table (read once)."""
-    return parse_modules(_read(MODULES_FILE))
+    return parse_modules(read_text(MODULES_FILE))
 
 
 _SITE_DIRS = re.compile(r".*/(?:site|dist)-packages/")

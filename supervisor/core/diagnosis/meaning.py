@@ -30,7 +30,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
+
+from supervisor.core.diagnosis import datafiles
 
 MEANINGS_FILE = "meanings.tsv"
 
@@ -75,11 +76,7 @@ def parse(text: str) -> Tables:
 
 @cache
 def tables() -> Tables:
-    try:
-        text = resources.files("supervisor.core.diagnosis").joinpath("data", MEANINGS_FILE).read_text(encoding="utf-8")
-    except (FileNotFoundError, OSError):
-        text = ""
-    return parse(text)
+    return parse(datafiles.read_text(MEANINGS_FILE))
 
 
 # Where a line gives an errno: CPython's "[Errno 98]", "errno 98"/"errno=98", c10d's "code: -98",

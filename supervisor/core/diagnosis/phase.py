@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 from functools import cache
-from importlib import resources
 
 from supervisor.core.diagnosis import catalogue as _catalogue
+from supervisor.core.diagnosis import datafiles
 from supervisor.core.diagnosis.lines import _strip_prefix
 from supervisor.core.diagnosis.log import _Log
 from supervisor.core.diagnosis.markers import _CAPTURE_FRAMES, _SERVING_FRAMES, _STARTUP_FRAMES, _WEIGHTS_FRAMES
@@ -59,11 +59,7 @@ _FRAME_FUNC = re.compile(r'^\s*file "[^"\n]{1,400}", line \d{1,7}, in (\w{1,120}
 def startup_functions() -> frozenset[str]:
     """The engines' start-up functions (lowercased), harvested from their sources
     (``scripts/catalogue/functions.py``): a frame in one of them is start-up code."""
-    try:
-        text = resources.files("supervisor.core.diagnosis").joinpath("data", STARTUP_FUNCTIONS_FILE).read_text(
-            encoding="utf-8")
-    except (FileNotFoundError, OSError):
-        return frozenset()
+    text = datafiles.read_text(STARTUP_FUNCTIONS_FILE)
     return frozenset(line.split("\t", 1)[0].lower() for line in text.splitlines()
                      if line and not line.startswith(("#", "function\t")))
 
