@@ -28,7 +28,7 @@ from . import report
 from .common import BENCH, REPO, Section, Settings, reap_tagged
 from .supervisord import VERSION, ensure_venv
 
-SECTIONS = ("crash", "hang", "steady", "logs", "cold", "explain", "climb", "reexec")  # bench/bench_<name>.py
+SECTIONS = ("crash", "hang", "steady", "rss", "logs", "cold", "explain", "climb", "reexec")  # bench/bench_<name>.py
 NEEDS_SUPERVISORD = frozenset({"crash", "steady", "logs", "cold"})
 
 

@@ -351,7 +351,8 @@ def server_argv(config: Path) -> list[str]:
 class Daemon:
     """``sglang-supervisor run`` as a subprocess; its JSON log lines read as they come."""
 
-    def __init__(self, settings: Settings, work: Path, sections: Mapping[str, Mapping[str, Any]]) -> None:
+    def __init__(self, settings: Settings, work: Path, sections: Mapping[str, Mapping[str, Any]],
+                 python: str = PY) -> None:
         self.work = work
         self.config = write_toml(work / "daemon.toml", sections)
         self.log_path = work / "daemon.log.jsonl"
@@ -360,7 +361,7 @@ class Daemon:
         self._offset = 0
         self.started_ns = now_ns()
         self.proc = subprocess.Popen(
-            [PY, "-m", "supervisor.cli", "run", "--config", str(self.config)],
+            [python, "-m", "supervisor.cli", "run", "--config", str(self.config)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=self._log,

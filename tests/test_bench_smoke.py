@@ -31,6 +31,7 @@ ROWS = {
     "logs_format", "logs_format_vs_cat", "logs_raw", "logs_raw_vs_cat",
     "cold_version", "cold_first_exec", "cold_imports", "explain_1mb",
     "steady_cpu_kv", "climb_decided", "climb_serving", "climb_total", "reexec_gap_p50", "reexec_gap_max",
+    "rss_serving", "rss_after_crashes",
 }
 SIDE_BY_SIDE = {
     "crash_noticed_p50", "crash_noticed_p99", "relaunch_p50", "relaunch_p99", "steady_cpu", "steady_rss",
