@@ -24,21 +24,8 @@ from pathlib import Path
 
 import psutil
 
-from .common import (
-    BENCH,
-    REPO,
-    BenchError,
-    Daemon,
-    Row,
-    Section,
-    Settings,
-    Stat,
-    daemon_sections,
-    event_is,
-    free_port,
-    reap_tagged,
-    simulator,
-)
+from . import common
+from .common import BENCH, REPO, BenchError, Daemon, Row, Section, Settings, Stat
 
 VENV = BENCH / ".venv-prod"
 CRASHES = 10  # issue 36: <= 40 MB serving and after 10 crashes
@@ -73,29 +60,30 @@ def production_venv(venv: Path = VENV) -> Path:
 
 def measure(settings: Settings, work: Path, venv: Path, crashes: int, settle_s: float) -> tuple[float, float, list[str]]:
     """(RSS serving, RSS serving again after ``crashes`` crashes) in MB, and the causes read."""
-    sections = daemon_sections(settings, work, simulator("--sim-load-s", "0.2", "--sim-drain-poll-s", "0.25"), {
+    sim = common.simulator("--sim-load-s", "0.2", "--sim-drain-poll-s", "0.25")
+    sections = common.daemon_sections(settings, work, sim, {
         "server": {"tp_size": 2, "stop_grace_s": 3.0},
         "health": {"interval_s": 5.0, "timeout_s": 5.0, "failures": 3, "startup_timeout_s": 60.0, "startup_poll_s": 0.5},
         "gpu": {"interval_s": 5.0, "release_timeout_s": 5.0},
-        "metrics": {"enabled": True, "listen": f"127.0.0.1:{free_port()}"},
+        "metrics": {"enabled": True, "listen": f"127.0.0.1:{common.free_port()}"},
     })
     daemon = Daemon(settings, work, sections, python=str(venv / "bin" / "python"))
     proc = psutil.Process(daemon.pid)
     try:
-        daemon.wait_for(event_is("server_ready"), 120, "the server ready")
+        daemon.wait_for(common.event_is("server_ready"), 120, "the server ready")
         time.sleep(settle_s)  # the daemon settling at its serving size: a window, not a wait for readiness
         serving = proc.memory_info().rss / 2**20
         for n in range(1, crashes + 1):
             pid = [e for e in daemon.events() if e.get("event") == "launch"][-1]["pid"]
             os.kill(pid, signal.SIGKILL)
-            daemon.wait_for(event_is("server_ready", attempt=n + 1), 120, f"the server ready after crash {n}")
+            daemon.wait_for(common.event_is("server_ready", attempt=n + 1), 120, f"the server ready after crash {n}")
         time.sleep(settle_s)
         after = proc.memory_info().rss / 2**20
         causes = sorted({e["cause"] for e in daemon.events() if e.get("event") == "crash"})
         return serving, after, causes
     finally:
         daemon.stop()
-        reap_tagged(settings.tag)
+        common.reap_tagged(settings.tag)
 
 
 def run(settings: Settings) -> Section:
