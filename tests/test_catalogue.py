@@ -8,6 +8,7 @@ no download.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tomllib
@@ -268,6 +269,26 @@ def test_the_committed_index_is_the_catalogues_and_reads_the_same_entries() -> N
                  "CUDA error: an illegal memory access was encountered"):
         assert indexed.matches(line) == whole.matches(line), line
         assert indexed.candidates(cat.normalise(line)) == whole.candidates(cat.normalise(line))
+
+
+def test_a_loaded_catalogue_reads_its_own_file_after_an_upgrade_replaced_it(tmp_path: Path) -> None:
+    """An upgrade (pip) replaces catalogue.tsv on disk under a running daemon: the daemon's
+    rows are still read from the file its index was checked against, not the new one at
+    offsets that no longer fit it."""
+    text = CATALOGUE_TSV.read_text(encoding="utf-8")
+    tsv, idx = tmp_path / "catalogue.tsv", tmp_path / "catalogue.idx"
+    tsv.write_text(text, encoding="utf-8")
+    idx.write_text(cat.index_text(text), encoding="utf-8")
+    loaded = cat._load_indexed(tsv, idx)
+    assert loaded is not None and isinstance(loaded.entries, cat.FileRows)
+    whole = cat.parse_catalogue(text).entries
+    lines = text.splitlines(keepends=True)
+    newer = tmp_path / "catalogue.tsv.new"
+    newer.write_text("".join(lines[:3] + lines[3:][::-1]), encoding="utf-8")  # every row moved
+    os.replace(newer, tsv)
+    rows = range(0, len(whole), 997)
+    assert [loaded.entries[i] for i in rows] == [whole[i] for i in rows]
+    assert loaded.entries[len(whole) - 1] == whole[-1]
 
 
 # --------------------------------------------------------------------------- the harvester's parts
