@@ -1,8 +1,10 @@
 """The metrics endpoint: every server's registry served over HTTP (``[metrics] listen``).
 
-The exporter is prometheus_client's threaded HTTP server, bound to exactly the configured
-host: a scrape runs in its own thread and never waits on the event loop, so it cannot delay
-a restart decision. ``labelled_registry`` serves several servers' registries (each
+The exporter is prometheus_client's WSGI app on a threaded HTTP server, bound to exactly the
+configured host: a scrape runs in its own thread and never waits on the event loop, so it
+cannot delay a restart decision. The server's thread sleeps until a scrape or the close
+wakes it (``prometheus_client.start_http_server`` polls twice a second to see whether it
+should stop: a tenth of the daemon's steady CPU, issue 36). ``labelled_registry`` serves several servers' registries (each
 ``supervisor.sinks.metrics.Metrics`` keeps its own) as one exposition, with a ``server``
 label on every sample.
 """
@@ -10,12 +12,17 @@ label on every sample.
 from __future__ import annotations
 
 import asyncio
+import os
+import selectors
+import socket
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from wsgiref.simple_server import WSGIServer
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.metrics_core import Metric
 
 from supervisor.core.config import url_host
@@ -58,14 +65,45 @@ def labelled_registry(registries: Mapping[str, CollectorRegistry]) -> CollectorR
     return exported
 
 
+class _Exporter(ThreadingMixIn, WSGIServer):
+    """One thread per scrape; the address family the host asks for (an IPv6 host too)."""
+
+    daemon_threads = True  # a scrape's thread is not joined at close
+    timeout = 0  # ``handle_request`` runs only once the socket is readable: it never waits
+
+    def __init__(self, host: str, port: int, app: Any) -> None:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        self.address_family = family
+        super().__init__((str(address[0]), port), _Quiet)
+        self.set_app(app)
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        """A scrape is not logged."""
+
+
+def _serve(server: _Exporter, wake: int) -> None:
+    """The server's thread: asleep until a scrape arrives or ``wake`` is readable (the close)."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(server, selectors.EVENT_READ)
+        selector.register(wake, selectors.EVENT_READ)
+        while True:
+            ready = selector.select()
+            if any(key.fd == wake for key, _ in ready):
+                return
+            server.handle_request()
+
+
 @dataclass(slots=True)
 class MetricsServer:
     """A running metrics endpoint; ``port`` is the bound one (useful with port 0)."""
 
     host: str
     port: int
-    _server: WSGIServer
+    _server: _Exporter
     _thread: threading.Thread
+    _wake: tuple[int, int]  # the pipe that ends the server's thread
 
     @property
     def url(self) -> str:
@@ -76,9 +114,12 @@ class MetricsServer:
         await asyncio.to_thread(self._shutdown)
 
     def _shutdown(self) -> None:
-        self._server.shutdown()  # waits for serve_forever's poll loop (<= 0.5 s)
-        self._server.server_close()
+        read, write = self._wake
+        os.write(write, b"x")
         self._thread.join(timeout=10.0)
+        self._server.server_close()
+        os.close(read)
+        os.close(write)
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -94,7 +135,10 @@ async def start_metrics_server(listen: str, registry: CollectorRegistry) -> Metr
     """Serve ``registry`` on exactly ``listen`` in a thread of its own; MetricsError if not."""
     host, port = parse_listen(listen)
     try:
-        server, thread = await asyncio.to_thread(start_http_server, port, host, registry)
+        server = await asyncio.to_thread(_Exporter, host, port, make_wsgi_app(registry))
     except (OSError, ValueError) as exc:  # taken port, unknown host, bad address
         raise MetricsError(f"cannot serve metrics on {listen}: {exc}") from exc
-    return MetricsServer(host, int(server.server_address[1]), server, thread)
+    wake = os.pipe()
+    thread = threading.Thread(target=_serve, args=(server, wake[0]), name="metrics", daemon=True)
+    thread.start()
+    return MetricsServer(host, int(server.server_address[1]), server, thread, wake)
