@@ -10,6 +10,7 @@ awaited future cancels the waiting task, so the result and the cancellation arri
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
 import threading
 
@@ -61,6 +62,19 @@ async def test_a_gpu_sample_cancelled_as_its_answer_arrives_is_cancelled() -> No
     gate.set()
     await asyncio.wait({task}, timeout=5.0)
     assert task.cancelled()
+
+
+async def test_a_bounded_worker_serves_every_call_on_one_thread_and_ends_it_when_let_go() -> None:
+    """A sample a second must not start a thread a second: one thread answers every call, and
+    it ends once nobody holds the worker."""
+    worker = BoundedWorker("one-thread", 5.0)
+    idents = {await worker.call(threading.get_ident) for _ in range(5)}
+    assert len(idents) == 1 and threading.get_ident() not in idents
+    thread = next(t for t in threading.enumerate() if t.ident in idents)
+    del worker
+    gc.collect()
+    thread.join(timeout=5.0)
+    assert not thread.is_alive()
 
 
 class _GatedProbe:

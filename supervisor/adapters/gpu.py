@@ -25,7 +25,9 @@ import asyncio
 import contextlib
 import importlib
 import os
+import queue
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -46,6 +48,10 @@ class BoundedWorker:
     the daemon's shutdown and, repeated every interval, eat the pool. Here a call that
     overruns is abandoned (its thread is a daemon thread) and later calls fail fast until
     it returns, so at most one thread is ever stuck.
+
+    One thread serves every call, started at the first and asleep on its queue between
+    them: a thread started per call (one a second per GPU monitor) was a tenth of the
+    daemon's steady CPU (issue 36). It ends when the worker is let go.
     """
 
     def __init__(self, what: str, timeout_s: float) -> None:
@@ -54,6 +60,14 @@ class BoundedWorker:
         self._lock = asyncio.Lock()
         self._pending: asyncio.Future[Any] | None = None
         self._pending_since = 0.0
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] | None = None
+
+    def _submit(self, job: Callable[[], None]) -> None:
+        if self._jobs is None:
+            self._jobs = queue.SimpleQueue()
+            threading.Thread(target=_run_jobs, args=(self._jobs,), name=f"{self._what}-call", daemon=True).start()
+            weakref.finalize(self, self._jobs.put, None)  # the thread holds the queue, not the worker
+        self._jobs.put(job)
 
     async def call(self, fn: Callable[[], T]) -> T:
         async with self._lock:
@@ -83,13 +97,19 @@ class BoundedWorker:
                     loop.call_soon_threadsafe(settle, *result)
 
             self._pending, self._pending_since = fut, loop.time()
-            threading.Thread(target=work, name=f"{self._what}-call", daemon=True).start()
+            self._submit(work)
             try:
                 return await within(asyncio.shield(fut), self._timeout_s)
             except TimeoutError:
                 raise GpuProbeError(
                     f"{self._what}: no answer within {self._timeout_s:g} s"
                 ) from None
+
+
+def _run_jobs(jobs: queue.SimpleQueue[Callable[[], None] | None]) -> None:
+    """A worker's thread: its calls in order, until it is let go (None)."""
+    while (job := jobs.get()) is not None:
+        job()
 
 
 def _consume_exception(fut: asyncio.Future[Any]) -> None:
