@@ -23,13 +23,14 @@ class SimulatedProbe:
         self._dir = os.fspath(sim_dir)
         self._indices = tuple(indices)
         self._worker = BoundedWorker("simulated GPU", call_timeout_s)
+        self._reads = simgpu.Reads()  # the files' parsed content, read again only when rewritten
 
     async def sample(self) -> list[GpuInfo]:
         return await self._worker.call(self._read)
 
     def _read(self) -> list[GpuInfo]:
         try:
-            gpus = simgpu.read_gpus(self._dir)
+            gpus = simgpu.read_gpus(self._dir, self._reads)
         except FileNotFoundError:
             raise GpuProbeError(
                 f"simulated GPU: {self._dir} has no {simgpu.GPUS_FILE}", unavailable=True

@@ -23,6 +23,7 @@ import tempfile
 import uuid as _uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -121,16 +122,50 @@ def _alive(pid: int, create_time: float) -> bool:
         return False
 
 
-def read_processes(directory: str | os.PathLike[str]) -> list[SimProcess]:
-    out: list[SimProcess] = []
-    d = Path(directory)
+class Reads:
+    """What a reader that samples again and again (the ``simulated`` probe, once a second)
+    keeps between samples: each holder file's parsed content, by its name and the identity
+    of the file it was read from (every write is a rename: a new inode), so that a sample
+    reads and parses only the files written since the last one. What a sample returns is
+    what a fresh read returns."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, tuple[tuple[int, int, int], Any]] = {}
+
+
+def _load(path: str, cache: Reads | None) -> Any:
+    """A file's JSON, parsed again only when the file was replaced since ``cache`` read it."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        entries = sorted(d.glob(f"{PROC_PREFIX}*.json"))
+        st = os.fstat(fd)
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        kept = cache.files.get(path) if cache is not None else None
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    data = json.loads(b"".join(chunks))
+    if cache is not None:
+        cache.files[path] = (key, data)
+    return data
+
+
+def read_processes(directory: str | os.PathLike[str], cache: Reads | None = None) -> list[SimProcess]:
+    out: list[SimProcess] = []
+    try:
+        with os.scandir(directory) as it:
+            entries = sorted(e.path for e in it if e.name.startswith(PROC_PREFIX) and e.name.endswith(".json"))
     except OSError:
         return out
+    if cache is not None:  # let go of what was read from files now gone
+        for gone in cache.files.keys() - set(entries) - {os.fspath(Path(directory) / GPUS_FILE)}:
+            del cache.files[gone]
     for path in entries:
         try:
-            data = json.loads(path.read_text())
+            data = _load(path, cache)
             pid = int(data["pid"])
             allocs = {int(a["gpu"]): int(a["used_bytes"]) for a in data.get("allocations", [])}
             alive = _alive(pid, float(data.get("create_time") or 0.0))
@@ -142,11 +177,10 @@ def read_processes(directory: str | os.PathLike[str]) -> list[SimProcess]:
     return out
 
 
-def read_gpus(directory: str | os.PathLike[str]) -> list[SimGpu]:
+def read_gpus(directory: str | os.PathLike[str], cache: Reads | None = None) -> list[SimGpu]:
     """The simulated cards with the memory held by live (or stuck) processes."""
-    d = Path(directory)
-    data = json.loads((d / GPUS_FILE).read_text())
-    holders = [p for p in read_processes(d) if p.alive or p.stuck]
+    data = _load(os.fspath(Path(directory) / GPUS_FILE), cache)
+    holders = [p for p in read_processes(directory, cache) if p.alive or p.stuck]
     gpus: list[SimGpu] = []
     for g in data["gpus"]:
         idx = int(g["index"])
