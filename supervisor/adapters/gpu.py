@@ -50,8 +50,8 @@ class BoundedWorker:
     it returns, so at most one thread is ever stuck.
 
     One thread serves every call, started at the first and asleep on its queue between
-    them: a thread started per call (one a second per GPU monitor) was a tenth of the
-    daemon's steady CPU (issue 36). It ends when the worker is let go.
+    them, not a thread started per call (one a second per GPU monitor). It ends when the
+    worker is let go.
     """
 
     def __init__(self, what: str, timeout_s: float) -> None:

@@ -23,7 +23,7 @@ class SimulatedProbe:
         self._dir = os.fspath(sim_dir)
         self._indices = tuple(indices)
         self._worker = BoundedWorker("simulated GPU", call_timeout_s)
-        self._reads = simgpu.Reads()  # the files' parsed content, read again only when rewritten
+        self._reads: simgpu.Reads = {}  # the files' parsed content, read again only when rewritten
 
     async def sample(self) -> list[GpuInfo]:
         return await self._worker.call(self._read)

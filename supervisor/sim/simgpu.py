@@ -122,15 +122,11 @@ def _alive(pid: int, create_time: float) -> bool:
         return False
 
 
-class Reads:
-    """What a reader that samples again and again (the ``simulated`` probe, once a second)
-    keeps between samples: each holder file's parsed content, by its name and the identity
-    of the file it was read from (every write is a rename: a new inode), so that a sample
-    reads and parses only the files written since the last one. What a sample returns is
-    what a fresh read returns."""
-
-    def __init__(self) -> None:
-        self.files: dict[str, tuple[tuple[int, int, int], Any]] = {}
+# What a reader that samples again and again (the ``simulated`` probe, once a second) keeps
+# between samples: each file's parsed content by its path, with the identity of the file it
+# was read from (every write is a rename: a new inode). A sample reads and parses only the
+# files written since the last one, and returns what a fresh read returns.
+Reads = dict[str, tuple[tuple[int, int, int], Any]]
 
 
 def _load(path: str, cache: Reads | None) -> Any:
@@ -139,7 +135,7 @@ def _load(path: str, cache: Reads | None) -> Any:
     try:
         st = os.fstat(fd)
         key = (st.st_ino, st.st_mtime_ns, st.st_size)
-        kept = cache.files.get(path) if cache is not None else None
+        kept = cache.get(path) if cache is not None else None
         if kept is not None and kept[0] == key:
             return kept[1]
         chunks = []
@@ -149,7 +145,7 @@ def _load(path: str, cache: Reads | None) -> Any:
         os.close(fd)
     data = json.loads(b"".join(chunks))
     if cache is not None:
-        cache.files[path] = (key, data)
+        cache[path] = (key, data)
     return data
 
 
@@ -161,8 +157,8 @@ def read_processes(directory: str | os.PathLike[str], cache: Reads | None = None
     except OSError:
         return out
     if cache is not None:  # let go of what was read from files now gone
-        for gone in cache.files.keys() - set(entries) - {os.fspath(Path(directory) / GPUS_FILE)}:
-            del cache.files[gone]
+        for gone in cache.keys() - set(entries) - {os.fspath(Path(directory) / GPUS_FILE)}:
+            del cache[gone]
     for path in entries:
         try:
             data = _load(path, cache)

@@ -3,10 +3,10 @@
 The exporter is prometheus_client's WSGI app on a threaded HTTP server, bound to exactly the
 configured host: a scrape runs in its own thread and never waits on the event loop, so it
 cannot delay a restart decision. The server's thread sleeps until a scrape or the close
-wakes it (``prometheus_client.start_http_server`` polls twice a second to see whether it
-should stop: a tenth of the daemon's steady CPU, issue 36). ``labelled_registry`` serves several servers' registries (each
-``supervisor.sinks.metrics.Metrics`` keeps its own) as one exposition, with a ``server``
-label on every sample.
+wakes it (``prometheus_client.start_http_server``'s thread wakes twice a second to see
+whether it should stop, scraped or not). ``labelled_registry`` serves several servers'
+registries (each ``supervisor.sinks.metrics.Metrics`` keeps its own) as one exposition,
+with a ``server`` label on every sample.
 """
 
 from __future__ import annotations
