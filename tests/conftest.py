@@ -1,4 +1,4 @@
-"""Shared fixtures: free ports, required binaries, and the no-leftover-process check."""
+"""Shared fixtures: free ports, required binaries, the no-leftover-process check, a clock step."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import psutil
 import pytest
@@ -124,3 +124,19 @@ def no_leftovers() -> Iterator[str]:
 
 from tests.leftovers import pytest_configure, pytest_sessionfinish  # noqa: E402,F401 - the end-of-run check
 from tests.routerlib import start_router  # noqa: E402,F401 - the real SGLang router, a fixture
+
+
+@pytest.fixture
+def clock_step(monkeypatch: pytest.MonkeyPatch) -> Callable[[float], None]:
+    """``step(s)``: the wall clock stepped by ``s`` seconds, as psutil sees it: the boot's
+    wall-clock time (``btime``, read at every ``create_time()``) moves by ``s``, and with it
+    the create time of every process asked afresh. What NTP's first sync or a VM resumed from
+    a snapshot does; the real clock is not touched."""
+    import psutil._pslinux as pslinux
+
+    real = pslinux.boot_time
+
+    def step(s: float) -> None:
+        monkeypatch.setattr(pslinux, "boot_time", lambda: real() + s)
+
+    return step

@@ -303,7 +303,7 @@ class ProcessWatch:
         self.port = port
         self.gpu_dir = gpu_dir
         self.max_servers = 0
-        self.seen: dict[int, tuple[float, str]] = {}  # pid -> (create_time, name)
+        self.seen: dict[int, tuple[int, str]] = {}  # pid -> (start since boot, name)
         self._roots: set[int] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -319,8 +319,10 @@ class ProcessWatch:
     def _note(self, proc: Any) -> None:
         import psutil
 
+        from supervisor.adapters.procstart import started
+
         try:
-            self.seen.setdefault(proc.pid, (proc.create_time(), proc.name()))
+            self.seen.setdefault(proc.pid, (started(proc.pid), proc.name()))
         except psutil.Error:
             pass
 
@@ -364,17 +366,18 @@ class ProcessWatch:
         return self.max_servers
 
     def leftovers(self) -> list[str]:
-        """Seen processes that still exist (same pid and start time), zombies included."""
+        """Seen processes that still exist (same pid and start), zombies included."""
         import psutil
+
+        from supervisor.adapters.procstart import still
 
         left = []
         with self._lock:
             items = list(self.seen.items())
-        for pid, (created, name) in items:
+        for pid, (start, name) in items:
             try:
-                p = psutil.Process(pid)
-                if abs(p.create_time() - created) < 0.5:
-                    left.append(f"{pid} {name} ({p.status()})")
+                if still(pid, start):
+                    left.append(f"{pid} {name} ({psutil.Process(pid).status()})")
             except psutil.Error:
                 continue
         return left

@@ -26,6 +26,7 @@ from supervisor.adapters.cleanup import (
     server_kind,
 )
 from supervisor.adapters.ports import GIB
+from supervisor.adapters.procstart import boot_id, started
 from supervisor.services.release import wait_until_released
 from supervisor.sim import simgpu
 from supervisor.sim.gpuprobe import SimulatedProbe
@@ -158,6 +159,50 @@ def test_recorded_group_older_than_the_launch_is_not_ours(spawn: Spawn) -> None:
     since = psutil.Process(leader.pid).create_time() + 60
     report = find_stale(recorded_pgid=leader.pid, gpu_pids=(), own_pid=os.getpid(), recorded_since=since)
     assert report.ours == []
+
+
+def test_recorded_tree_and_group_stay_ours_after_the_wall_clock_stepped(spawn: Spawn, clock_step) -> None:
+    """Recorded with this boot's id and starts since boot, a part that left our group (its
+    mark unreadable) and a member of the group are ours after a step of the wall clock back
+    (every create time now reads an hour earlier, before the recorded launch)."""
+    leader = spawn("", group=0)
+    member = spawn("", group=leader.pid)
+    part = spawn("sglang::scheduler_TP0", mark=MARK)  # its own session, title set: only the tree proves it
+    since = psutil.Process(leader.pid).create_time()
+    clock_step(-3600.0)
+    report = find_stale(recorded_pgid=leader.pid, gpu_pids=(), own_pid=os.getpid(), recorded_since=since,
+                        recorded_boot=boot_id(), recorded_started=[(part.pid, started(part.pid))])
+    assert sorted((p.pid, p.reason) for p in report.ours) == sorted([
+        (leader.pid, f"process group {leader.pid}"), (member.pid, f"process group {leader.pid}"),
+        (part.pid, "recorded in our server's tree")])
+
+
+def test_a_recorded_group_or_tree_from_another_boot_is_not_ours(spawn: Spawn) -> None:
+    """After a reboot nothing of ours survived: a process that now has the recorded group's id,
+    or a recorded pid and start, is another boot's."""
+    leader = spawn("", group=0)
+    report = find_stale(recorded_pgid=leader.pid, gpu_pids=(), own_pid=os.getpid(), recorded_since=0.0,
+                        recorded_boot="a-boot-before-this-one", recorded_started=[(leader.pid, started(leader.pid))])
+    assert report.ours == []
+
+
+def test_a_recorded_tree_without_the_boot_is_proven_by_the_create_time(spawn: Spawn) -> None:
+    """A state file from before the boot was kept: its (pid, create time) tree still counts."""
+    part = spawn("sglang::scheduler_TP0")
+    tree = [(part.pid, psutil.Process(part.pid).create_time())]
+    report = find_stale(recorded_pgid=None, gpu_pids=(), own_pid=os.getpid(), recorded_tree=tree)
+    assert [(p.pid, p.reason) for p in report.ours] == [(part.pid, "recorded in our server's tree")]
+    stale = [(part.pid, tree[0][1] - 30)]  # another process with that pid
+    assert find_stale(recorded_pgid=None, gpu_pids=(), own_pid=os.getpid(), recorded_tree=stale).ours == []
+
+
+async def test_a_found_process_whose_pid_was_taken_since_is_not_signalled(spawn: Spawn) -> None:
+    """Between the look and the kill: a pid now another process's (another start) is left alone."""
+    other = spawn("")
+    report = StaleReport(ours=[ProcInfo(other.pid, create_time=psutil.Process(other.pid).create_time(),
+                                        started=started(other.pid) - 1)])
+    assert await kill_stale(report, grace_s=1) == []
+    assert _alive(other.pid)
 
 
 async def test_foreign_holder_is_killed_only_when_asked(spawn: Spawn) -> None:

@@ -157,6 +157,9 @@ class FakeServer:
     def tree(self) -> list[tuple[int, float]]:
         return []
 
+    def starts(self) -> tuple[str, list[tuple[int, int]]]:
+        return "", []
+
     async def stop(self, grace_s: float, first: signal.Signals | None = signal.SIGTERM) -> ExitStatus:
         self.stopped_with.append(first)
         if self.returncode is None:

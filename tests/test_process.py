@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from supervisor.adapters.output import RotatingLog, Tail
-from supervisor.adapters.process import ServerProcess
+from supervisor.adapters.process import ServerProcess, _tree_handed
 from supervisor.core.ownership import server_env
 
 PY = sys.executable
@@ -104,6 +104,37 @@ async def test_a_descendant_that_left_the_group_is_killed_too(tmp_path, no_lefto
             break
         await asyncio.sleep(0.05)
     assert gone()
+
+
+async def test_a_descendant_that_left_the_group_is_killed_after_the_wall_clock_stepped(tmp_path, no_leftovers,
+                                                                                       clock_step):
+    """The descendants are remembered by their start since boot: a step of the wall clock
+    between the look and the kill (which moves every create time) does not make the escaped
+    one look like a stranger to be left alive."""
+    code = (
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
+        "print('up', flush=True); time.sleep(60)"
+    )
+    server = await _spawn(tmp_path, code)
+    seen: list[str] = []
+    server.on_line = seen.append
+    while not seen:
+        await asyncio.sleep(0.02)
+    escaped = [p for p in server.remember_descendants() if p != server.pid]
+    assert escaped
+    created = psutil.Process(escaped[0]).create_time()
+    clock_step(+3600.0)
+    assert psutil.Process(escaped[0]).create_time() > created + 3000  # every create time moved
+    assert server.kill_leftovers() == escaped
+    await server.stop(grace_s=0.2)
+    await server.close()
+    for _ in range(100):
+        if not psutil.pid_exists(escaped[0]) or psutil.Process(escaped[0]).status() == psutil.STATUS_ZOMBIE:
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError(f"the escaped descendant {escaped[0]} outlived the stop")
 
 
 async def test_a_fork_of_a_part_is_not_a_part(tmp_path, no_leftovers):
@@ -255,3 +286,16 @@ async def test_a_closed_server_is_freed_at_once_not_at_the_next_full_collection(
         assert gone() is None, "a closed server outlived its last reference"
     finally:
         gc.enable()
+
+
+def test_a_tree_handed_over_by_a_daemon_before_the_starts_is_proven_by_the_create_time():
+    """A re-exec from an older daemon hands (pid, create time) alone: a pid whose process has
+    that create time (within the second it always allowed) is taken on with its start, one
+    whose create time differs (another process now) is dropped; a newer daemon's starts are
+    taken as handed."""
+    from supervisor.adapters.procstart import started
+
+    me = os.getpid()
+    created = psutil.Process(me).create_time()
+    assert _tree_handed([(me, created), (os.getppid(), 12.0)], None) == {me: (started(me), created)}
+    assert _tree_handed([(me, created)], [(me, 7)]) == {me: (7, created)}

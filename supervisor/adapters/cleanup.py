@@ -9,10 +9,10 @@ After a crash SGLang's schedulers can outlive their parent (reparented to PID 1)
   in ``/proc/PID/environ`` by our user). SGLang's parts set their title with setproctitle,
   which zeroes that area, so for them the mark is not readable and the next rules count;
 - it is in the session or process group we recorded for the last server we launched (we
-  start it with setsid: its parts stay in that session unless they leave it on purpose)
-  and was created after that launch (the id could have been reused since); or
-- it is one of the processes we recorded in that server's tree, same pid and same create
-  time.
+  start it with setsid: its parts stay in that session unless they leave it on purpose),
+  in the same boot; or
+- it is one of the processes we recorded in that server's tree: same pid, and the same
+  start in the same boot (``procstart``: no step of the wall clock moves it).
 
 Looking like SGLang proves nothing: another user's SGLang on the same host, even on our
 port or our GPUs, is *foreign*. Foreign holders of our GPUs and foreign listeners on our
@@ -34,10 +34,12 @@ import signal
 import socket
 from collections.abc import Collection, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 
 from supervisor.adapters.ports import ProcInfo, StaleReport
+from supervisor.adapters.procstart import boot_id, started
 from supervisor.core.ownership import LAUNCH_VAR, MARK_VAR, recorded_server  # noqa: F401  (re-exported for tests and preflight)
 
 SGLANG_TITLES = ("sglang::scheduler", "sglang::detokenizer", "sglang::data_parallel_controller")
@@ -90,20 +92,30 @@ def find_stale(
     recorded_since: float | None = None,
     instance: str | None = None,
     recorded_tree: Collection[tuple[int, float]] = (),
+    recorded_boot: str | None = None,
+    recorded_started: Collection[tuple[int, int]] = (),
 ) -> StaleReport:
     """Processes of an earlier server of ours, and foreign holders of our GPUs and port (blocking).
 
     ``instance``: our mark's value (``MARK_VAR`` in the environment). ``recorded_pgid``: the
     process group of the last server we launched (its leader's pid, since we start it in a
-    new session). ``recorded_since``: that launch's wall-clock time; when given, a process
-    in that group created before it is not ours (the pgid was reused after a reboot).
-    ``gpu_pids``: pids the probe saw on our GPUs. ``port``: the server port.
-    ``recorded_tree``: (pid, create time) of the processes seen in that server's tree.
+    new session). ``gpu_pids``: pids the probe saw on our GPUs. ``port``: the server port.
+    ``recorded_boot``, ``recorded_started``: the boot that server ran in and (pid, start in
+    ticks since that boot) of the processes seen in its tree (``procstart``).
+
+    In the recorded boot a process of that group, or of the tree with its recorded start, is
+    ours; from another boot nothing is (a reboot ended every process of ours). Within a boot
+    a group's id cannot be taken by another group while one member lives. A state file from
+    before the boot was kept gives ``recorded_since`` (that launch's wall-clock time: a
+    process of the group created before it is not ours) and ``recorded_tree`` (pid, create
+    time), compared as the wall clock allows: within a second.
     """
-    tree = dict(recorded_tree)
+    boot = None if recorded_boot is None else recorded_boot == boot_id()
+    proof = _Proof(
+        recorded_pgid if recorded_pgid and recorded_pgid > 1 and recorded_pgid != _pgid(own_pid) else None,
+        boot, recorded_since, dict(recorded_started) if boot else {}, dict(recorded_tree) if boot is None else {},
+    )
     protected = _protected(own_pid)
-    own_pgid = _pgid(own_pid)
-    pgid = recorded_pgid if recorded_pgid and recorded_pgid > 1 and recorded_pgid != own_pgid else None
     gpu = set(gpu_pids)
     listening = listeners(port) if port else set()
 
@@ -115,12 +127,12 @@ def find_stale(
         try:
             argv = p.info["cmdline"] or []
             info = ProcInfo(p.pid, p.info["name"] or "", " ".join(argv), p.info["create_time"])
-            reason = _why_ours(p, info, pgid, recorded_since, instance, tree)
+            reason = _why_ours(p, info, proof, instance)
+            if reason:
+                ours.append(_with(info, reason, started(p.pid)))
+                seen.add(p.pid)
         except psutil.Error:
             continue
-        if reason:
-            ours.append(_with(info, reason))
-            seen.add(p.pid)
 
     foreign = [_describe_foreign(pid) for pid in sorted(gpu - seen - protected)]
     port_holders = [_describe_foreign(pid, "port") for pid in sorted(listening - seen - protected)]
@@ -140,17 +152,28 @@ def carries_mark(environ: dict[str, str], instance: str | None) -> bool:
     return bool(instance) and environ.get(MARK_VAR) == instance
 
 
-def _why_ours(
-    p: psutil.Process, info: ProcInfo, pgid: int | None, since: float | None, instance: str | None,
-    tree: dict[int, float],
-) -> str | None:
+class _Proof(NamedTuple):
+    """What the state file recorded that proves a process ours (``find_stale``)."""
+
+    pgid: int | None
+    same_boot: bool | None  # None: the state file did not say (a daemon before procstart)
+    since: float | None
+    started: dict[int, int]  # pid -> start since boot, in the recorded boot
+    created: dict[int, float]  # pid -> create time, from a state file without the boot
+
+
+def _why_ours(p: psutil.Process, info: ProcInfo, proof: _Proof, instance: str | None) -> str | None:
     created = info.create_time or 0.0
-    if pgid is not None and (since is None or created >= since - 1.0):
+    pgid = proof.pgid
+    if pgid is not None and (proof.same_boot or (
+            proof.same_boot is None and (proof.since is None or created >= proof.since - 1.0))):
         if _pgid(p.pid) == pgid:
             return f"process group {pgid}"
         if _sid(p.pid) == pgid:
             return f"session {pgid}"
-    if p.pid in tree and abs(tree[p.pid] - created) < 1.0:
+    if p.pid in proof.started and started(p.pid) == proof.started[p.pid]:
+        return "recorded in our server's tree"
+    if p.pid in proof.created and abs(proof.created[p.pid] - created) < 1.0:
         return "recorded in our server's tree"
     if instance:
         try:
@@ -176,8 +199,8 @@ def _sid(pid: int) -> int | None:
         return None
 
 
-def _with(info: ProcInfo, reason: str) -> ProcInfo:
-    return ProcInfo(info.pid, info.name, info.cmdline, info.create_time, reason)
+def _with(info: ProcInfo, reason: str, start: int) -> ProcInfo:
+    return ProcInfo(info.pid, info.name, info.cmdline, info.create_time, reason, start)
 
 
 def _describe_foreign(pid: int, why: str = "gpu") -> ProcInfo:
@@ -187,7 +210,7 @@ def _describe_foreign(pid: int, why: str = "gpu") -> ProcInfo:
             argv, name = p.cmdline(), p.name()
             kind = server_kind(argv, name)
             reason = f"{why}: {kind}, not ours (no mark)" if kind else why
-            return ProcInfo(pid, name, " ".join(argv), p.create_time(), reason)
+            return ProcInfo(pid, name, " ".join(argv), p.create_time(), reason, started(pid))
     except psutil.NoSuchProcess:
         return ProcInfo(pid, reason="unknown pid (another pid namespace?)")
     except psutil.Error:
@@ -203,12 +226,15 @@ async def scan_stale(
     recorded_since: float | None = None,
     instance: str | None = None,
     recorded_tree: Collection[tuple[int, float]] = (),
+    recorded_boot: str | None = None,
+    recorded_started: Collection[tuple[int, int]] = (),
 ) -> StaleReport:
     """``find_stale`` in a worker thread."""
     return await asyncio.to_thread(
         lambda: find_stale(
             recorded_pgid=recorded_pgid, gpu_pids=gpu_pids, own_pid=own_pid,
             port=port, recorded_since=recorded_since, instance=instance, recorded_tree=recorded_tree,
+            recorded_boot=recorded_boot, recorded_started=recorded_started,
         )
     )
 
@@ -241,8 +267,10 @@ def _terminate(targets: list[ProcInfo], grace_s: float, kill_wait_s: float, prot
             continue
         try:
             p = psutil.Process(t.pid)
-            if t.create_time and abs(p.create_time() - t.create_time) > 1.0:
+            if t.started is not None and started(t.pid) != t.started:
                 continue  # the pid was reused: not the process we found
+            if t.started is None and t.create_time and abs(p.create_time() - t.create_time) > 1.0:
+                continue  # (a report made without the start: the create time, as near as the clock allows)
             if p.status() == psutil.STATUS_ZOMBIE:
                 continue
             p.send_signal(signal.SIGTERM)

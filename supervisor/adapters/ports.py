@@ -141,6 +141,7 @@ class ProcInfo:
     cmdline: str = ""
     create_time: float | None = None  # None: not visible in our /proc (another pid namespace)
     reason: str = ""  # why it is ours, or "gpu" / "unknown pid" for foreign ones
+    started: int | None = None  # its start in ticks since boot (procstart), when read
 
     @property
     def visible(self) -> bool:
@@ -261,15 +262,10 @@ class Cleanup(Protocol):
         ...
 
     def find_stale(
-        self,
-        *,
-        recorded_pgid: int | None,
-        gpu_pids: Collection[int],
-        own_pid: int,
-        port: int | None = ...,
-        recorded_since: float | None = ...,
-        instance: str | None = ...,
+        self, *, recorded_pgid: int | None, gpu_pids: Collection[int], own_pid: int, port: int | None = ...,
+        recorded_since: float | None = ..., instance: str | None = ...,
         recorded_tree: Collection[tuple[int, float]] = ...,
+        recorded_boot: str | None = ..., recorded_started: Collection[tuple[int, int]] = ...,
     ) -> StaleReport:
         """Blocking: the daemon calls it in a worker thread."""
         ...
@@ -412,6 +408,7 @@ class ServerHandle(Protocol):
     def watch_parts(self, parts: Sequence[tuple[int, str]]) -> None: ...
     def tree_pids(self) -> list[int]: ...
     def tree(self) -> list[tuple[int, float]]: ...
+    def starts(self) -> tuple[str, list[tuple[int, int]]]: ...  # the boot, (pid, start) of the tree
     async def stop(self, grace_s: float, first: signal.Signals | None = ...) -> ExitStatus: ...
     async def close(self) -> None: ...
     def hand_over(self) -> dict[str, Any]: ...  # a re-exec: stop reading, say what the next program needs
@@ -429,7 +426,8 @@ class ServerSpawner(Protocol):
     ) -> ServerHandle: ...
 
     def adopt(self, pid: int, pipe_fd: int, *, log: ServerLog, tail_bytes: int, tail: bytes, tail_total: int,
-              known: Sequence[tuple[int, float]], parts: Sequence[tuple[int, int, str]]) -> ServerHandle: ...
+              known: Sequence[tuple[int, float]], parts: Sequence[tuple[int, int, str]],
+              known_started: Sequence[tuple[int, int]] | None = None) -> ServerHandle: ...
 
 
 class Prober(Protocol):

@@ -33,6 +33,7 @@ import psutil
 
 from supervisor.adapters.output import Tail
 from supervisor.adapters.ports import ProcessError, ServerLog
+from supervisor.adapters.procstart import boot_id, started, still
 from supervisor.aio import within
 from supervisor.core.model import ExitStatus
 
@@ -135,7 +136,9 @@ class ServerProcess:
         self.spotted: tuple[bytes, ...] = ()
         self.on_spotted: Callable[[str], None] | None = None
         self._partial = b""
-        self._known: dict[int, float] = {}  # descendant pid -> create_time
+        # descendant pid -> (start in ticks since boot, create time): the start tells it from
+        # a later process with its pid (procstart); the create time is what the state file keeps
+        self._known: dict[int, tuple[int, float]] = {}
         self._fd: int | None = fd
         self._loop = asyncio.get_running_loop()
         self._eof = self._loop.create_future()
@@ -195,7 +198,10 @@ class ServerProcess:
             self._loop.remove_reader(fd)
         return {
             "pid": self.pid, "pipe_fd": self._fd, "tail": self.tail.get(), "tail_total": self.tail.total,
-            "known": sorted(self._known.items()),
+            # the tree twice: (pid, create time) as every daemon version reads it, and each
+            # pid's start (procstart), which a daemon before it ignores
+            "known": sorted(self.tree()),
+            "known_started": sorted((pid, start) for pid, (start, _created) in self._known.items()),
             "parts": [(pid, fd, title) for pid, (fd, title) in sorted(self._part_fds.items())],
         }
 
@@ -212,9 +218,12 @@ class ServerProcess:
 
     @classmethod
     def adopt(cls, pid: int, pipe_fd: int, *, log: ServerLog, tail_bytes: int, tail: bytes, tail_total: int,
-              known: Sequence[tuple[int, float]], parts: Sequence[tuple[int, int, str]]) -> ServerProcess:
+              known: Sequence[tuple[int, float]], parts: Sequence[tuple[int, int, str]],
+              known_started: Sequence[tuple[int, int]] | None = None) -> ServerProcess:
         """A server handed over by the daemon this process was before its exec: its output
-        read on from the same pipe, its tail and tree as they were, its parts still watched."""
+        read on from the same pipe, its tail and tree as they were, its parts still watched.
+        ``known_started``: each pid's start; None from a daemon that did not hand it over,
+        whose tree is proven as that daemon proved it (the create time within a second)."""
         for fd in (pipe_fd, *(fd for _pid, fd, _title in parts)):
             os.set_inheritable(fd, False)  # ours again: a later exec keeps only what it hands over
         os.set_blocking(pipe_fd, False)
@@ -222,7 +231,7 @@ class ServerProcess:
         kept.append(tail)
         kept.total = tail_total
         server = cls(AdoptedChild(pid), pipe_fd, log, kept)
-        server._known = dict(known)
+        server._known = _tree_handed(known, known_started)
         for part_pid, fd, title in parts:
             server._part_fds[part_pid] = (fd, title)
             server._loop.add_reader(fd, server._part_exited, part_pid)
@@ -381,7 +390,7 @@ class ServerProcess:
         seen: dict[int, tuple[str, int]] = {}  # pid -> (part title, parent pid)
         for k in kids:
             with contextlib.suppress(psutil.Error):
-                self._known[k.pid] = k.create_time()
+                self._known[k.pid] = (started(k.pid), k.create_time())
                 seen[k.pid] = (_part_title(k), k.ppid())
         # A part's own fork (a compile worker, a subprocess before its exec) carries its
         # parent's title for a while: it is not a part, and its end is not the part's death.
@@ -422,7 +431,12 @@ class ServerProcess:
 
     def tree(self) -> list[tuple[int, float]]:
         """(pid, create time) of every descendant seen (the main process is the recorded pgid)."""
-        return list(self._known.items())
+        return [(pid, created) for pid, (_start, created) in self._known.items()]
+
+    def starts(self) -> tuple[str, list[tuple[int, int]]]:
+        """The boot this runs in and (pid, start in ticks since boot) of every descendant seen:
+        what proves a leftover ours whatever the wall clock did since (procstart)."""
+        return boot_id(), [(pid, start) for pid, (start, _created) in self._known.items()]
 
     async def wait(self) -> ExitStatus:
         return ExitStatus.from_returncode(await self._proc.wait())
@@ -445,14 +459,11 @@ class ServerProcess:
         """SIGKILL the group and every remembered descendant still alive. Returns pids hit."""
         self.signal_group(signal.SIGKILL)
         hit = []
-        for pid, created in list(self._known.items()):
-            try:
-                p = psutil.Process(pid)
-                if abs(p.create_time() - created) < 1.0:
-                    p.kill()
+        for pid, (start, _created) in list(self._known.items()):
+            if still(pid, start):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
                     hit.append(pid)
-            except psutil.Error:
-                pass
         return hit  # _known stays: the diagnosis matches kernel OOM lines against these pids
 
     async def stop(self, grace_s: float, first: signal.Signals | None = signal.SIGTERM) -> ExitStatus:
@@ -516,3 +527,19 @@ def _part_title(p: psutil.Process) -> str:
         if name.startswith(PART_PREFIX):
             return name
     return ""
+
+
+def _tree_handed(
+    known: Sequence[tuple[int, float]], known_started: Sequence[tuple[int, int]] | None,
+) -> dict[int, tuple[int, float]]:
+    """The tree a re-exec handed over, as ``ServerProcess._known`` keeps it."""
+    created = dict(known)
+    if known_started is not None:
+        return {pid: (start, created.get(pid, 0.0)) for pid, start in known_started}
+    tree = {}
+    for pid, at in created.items():  # from a daemon before procstart
+        with contextlib.suppress(psutil.Error):
+            p = psutil.Process(pid)
+            if abs(p.create_time() - at) < 1.0:
+                tree[pid] = (started(pid), at)
+    return tree

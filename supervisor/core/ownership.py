@@ -18,14 +18,21 @@ LAUNCH_VAR = "SGLANG_SUPERVISOR_LAUNCH"
 
 def recorded_server(state: Mapping[str, Any]) -> dict[str, Any]:
     """What a state file records of the last server launched, as ``find_stale``'s keyword
-    arguments: its process group, launch time and tree (pure; malformed values are dropped)."""
+    arguments: its process group, launch time and tree, the boot it ran in and its tree's
+    starts in that boot (pure; malformed values are dropped)."""
     pgid, since, tree = state.get("server_pgid"), state.get("server_since"), state.get("server_tree")
+    boot, started = state.get("server_boot"), state.get("server_tree_started")
     return {
         "recorded_pgid": pgid if isinstance(pgid, int) and not isinstance(pgid, bool) else None,
         "recorded_since": float(since) if isinstance(since, int | float) else None,
         "recorded_tree": [
             (int(t[0]), float(t[1])) for t in (tree if isinstance(tree, list) else [])
             if isinstance(t, list) and len(t) == 2 and all(isinstance(x, int | float) for x in t)
+        ],
+        "recorded_boot": boot if isinstance(boot, str) and boot else None,
+        "recorded_started": [
+            (t[0], t[1]) for t in (started if isinstance(started, list) else [])
+            if isinstance(t, list) and len(t) == 2 and all(type(x) is int for x in t)
         ],
     }
 

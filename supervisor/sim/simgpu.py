@@ -4,7 +4,8 @@ Layout of a simulated-GPU directory ``D``:
 
 - ``D/gpus.json``: ``{"gpus": [{"index", "uuid", "name", "total_bytes"}, ...]}``.
 - ``D/proc-<pid>.json``: one per process holding simulated GPU memory:
-  ``{"pid", "create_time", "title", "stuck", "allocations": [{"gpu", "used_bytes"}]}``.
+  ``{"pid", "started", "title", "stuck", "allocations": [{"gpu", "used_bytes"}]}`` (``started``:
+  the process's start in ticks since boot, ``adapters.procstart``; 0 when it was gone).
 
 Memory of a process counts while that process is alive, as on a real GPU where the driver
 frees a context when its process dies. ``stuck: true`` keeps it counted after the process
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+from supervisor.adapters.procstart import running, started
 
 GIB = 1024**3
 GPUS_FILE = "gpus.json"
@@ -95,12 +98,12 @@ def write_process(
 ) -> None:
     """Record (or replace) what process ``pid`` holds on each simulated GPU."""
     try:
-        create_time = psutil.Process(pid).create_time()
+        start = started(pid)
     except psutil.Error:
-        create_time = 0.0
+        start = 0
     payload = {
         "pid": pid,
-        "create_time": create_time,
+        "started": start,
         "title": title,
         "stuck": stuck,
         "allocations": [{"gpu": g, "used_bytes": int(b)} for g, b in sorted(allocations.items())],
@@ -112,12 +115,12 @@ def remove_process(directory: str | os.PathLike[str], pid: int) -> None:
     (Path(directory) / f"{PROC_PREFIX}{pid}.json").unlink(missing_ok=True)
 
 
-def _alive(pid: int, create_time: float) -> bool:
+def _alive(pid: int, start: int) -> bool:
+    """Not ended, and not a later process with its pid (without a start: not ended)."""
+    if start:
+        return running(pid, start)
     try:
-        p = psutil.Process(pid)
-        if create_time and abs(p.create_time() - create_time) > 1.0:
-            return False  # the pid was reused by another process
-        return p.status() != psutil.STATUS_ZOMBIE
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
 
@@ -164,7 +167,7 @@ def read_processes(directory: str | os.PathLike[str], cache: Reads | None = None
             data = _load(path, cache)
             pid = int(data["pid"])
             allocs = {int(a["gpu"]): int(a["used_bytes"]) for a in data.get("allocations", [])}
-            alive = _alive(pid, float(data.get("create_time") or 0.0))
+            alive = _alive(pid, int(data.get("started") or 0))
             out.append(
                 SimProcess(pid, str(data.get("title", "")), bool(data.get("stuck")), allocs, alive)
             )

@@ -40,6 +40,8 @@ class Recorded:
     pgid: int | None = None
     since: float | None = None  # wall time of that launch (pgid reuse guard)
     tree: list[tuple[int, float]] = field(default_factory=list)  # (pid, create time) seen in that tree
+    boot: str | None = None  # the boot it ran in (None: a state file from before it was kept)
+    started: list[tuple[int, int]] = field(default_factory=list)  # (pid, start since that boot), the same tree
 
 
 class HandOver:

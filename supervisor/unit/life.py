@@ -381,6 +381,7 @@ class ServerLife:
             int(s["pid"]), int(s["pipe_fd"]), log=log, tail_bytes=cfg.logging.tail_bytes, tail=base64.b64decode(s["tail"]),
             tail_total=int(s["tail_total"]), known=[(int(p), float(t)) for p, t in s["known"]],
             parts=[(int(p), int(fd), str(title)) for p, fd, title in s["parts"]],
+            known_started=[(int(p), int(t)) for p, t in s["known_started"]] if "known_started" in s else None,
         )
         run = self.run = LaunchLife(self.tasks.child(f"launch-{attempt}"), str(doc["nonce"]))
         run.spawned.set()
@@ -401,12 +402,17 @@ class ServerLife:
         handle is held: a server a previous daemon left)."""
         run = self.run
         server = run.server if run is not None else None
+        boot, starts = server.starts() if server else (None, [])
         return {
             "server_pid": server.pid if server else pid,
             "server_pgid": server.pgid if server else pid,
             "server_since": run.since if run and server else None,
             "server_launch": run.nonce if run and server else None,
             "server_tree": [list(t) for t in server.tree()] if server else [],
+            # the same tree by start since boot, which no step of the wall clock moves
+            # (adapters.procstart); a daemon before it reads ``server_tree`` alone
+            "server_boot": boot,
+            "server_tree_started": [list(t) for t in starts],
         }
 
     def last_output_at(self) -> float | None:

@@ -130,6 +130,8 @@ class Preparation:
             recorded_since=recorded.since,
             instance=self.instance_id,
             recorded_tree=recorded.tree,
+            recorded_boot=recorded.boot,
+            recorded_started=recorded.started,
         )
 
     async def _version(self, cfg: Config) -> str:

@@ -55,7 +55,8 @@ class StateFile:
         recorded = recorded_server(data)
         return Loaded(
             learned, kept if isinstance(kept, str) else None,
-            Recorded(recorded["recorded_pgid"], recorded["recorded_since"], recorded["recorded_tree"]),
+            Recorded(recorded["recorded_pgid"], recorded["recorded_since"], recorded["recorded_tree"],
+                     recorded["recorded_boot"], recorded["recorded_started"]),
             held=Hold.from_dict(data.get("held")), gave_up=GiveUpNote.from_dict(data.get("gave_up")),
         )
 

@@ -18,6 +18,7 @@ import threading
 
 import psutil
 
+from supervisor.adapters.procstart import started
 from tests.leftovers import RUN_VAR
 
 POLL_S = 0.25
@@ -30,7 +31,7 @@ BUDGET = 60
 class LaunchCounter:
     def __init__(self) -> None:
         self.by_test: collections.Counter[str] = collections.Counter()
-        self._seen: set[tuple[int, float]] = set()
+        self._seen: set[tuple[int, int]] = set()  # (pid, start since boot)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="launch-counter", daemon=True)
 
@@ -58,11 +59,13 @@ class LaunchCounter:
 
     def scan(self) -> None:
         test = os.environ.get("PYTEST_CURRENT_TEST", "(between tests)").rsplit(" (", 1)[0]
-        for p in psutil.process_iter(["cmdline", "create_time"]):
+        for p in psutil.process_iter(["cmdline"]):
             try:
                 cmdline = p.info["cmdline"] or []
-                key = (p.pid, p.info["create_time"])
-                if "sglang.launch_server" not in cmdline or key in self._seen:
+                if "sglang.launch_server" not in cmdline:
+                    continue
+                key = (p.pid, started(p.pid))  # not create_time: a clock step would count it again
+                if key in self._seen:
                     continue
                 tag = p.environ().get(RUN_VAR, "")
             except (psutil.Error, OSError):

@@ -61,6 +61,7 @@ for _p in (str(REPO), str(REPO / "tests"), str(REPO / "tests" / "chaos")):
 from conftest import free_port, wait_until  # noqa: E402
 from harness import DaemonRun, merge_servers, read_events  # noqa: E402
 
+from supervisor.adapters.procstart import running, started, still  # noqa: E402
 from supervisor.core.events import ALERT_KINDS  # noqa: E402
 from tests.real import nights  # noqa: E402
 from tests.real.sglang_env import RealSGLang, load  # noqa: E402
@@ -237,7 +238,7 @@ class Watch:
 
     def __init__(self, interval: float = 1.0) -> None:
         self.roots: dict[str, int] = {}
-        self.seen: dict[int, tuple[float, str, str]] = {}  # pid -> (create time, name, under)
+        self.seen: dict[int, tuple[int, str, str]] = {}  # pid -> (start since boot, name, under)
         self.samples: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -255,7 +256,7 @@ class Watch:
         for under, pid in roots.items():
             for p in tree_of(pid):
                 with contextlib.suppress(psutil.Error):
-                    self.seen.setdefault(p.pid, (p.create_time(), p.name(), under))
+                    self.seen.setdefault(p.pid, (started(p.pid), p.name(), under))
         daemon = roots.get("daemon")
         if daemon is not None and (r := resources(daemon)) is not None:
             self.samples.append({"t": time.monotonic(), "pid": daemon, **r})
@@ -275,10 +276,10 @@ class Watch:
         deadline = time.monotonic() + wait_s
         while True:
             left = []
-            for pid, (created, name, under) in list(self.seen.items()):
+            for pid, (start, name, under) in list(self.seen.items()):
                 with contextlib.suppress(psutil.Error):
                     p = psutil.Process(pid)
-                    if abs(p.create_time() - created) < 0.5:
+                    if still(pid, start):
                         parent = p.ppid()
                         with contextlib.suppress(psutil.Error):
                             parent_name = psutil.Process(parent).name()
@@ -328,7 +329,7 @@ class Night:
         self.daemon_exits: list[dict[str, Any]] = []
         self.mounted: Path | None = None
         self.foreign: Proc | None = None
-        self.foreign_tree: dict[int, tuple[float, str]] = {}  # pid -> (create time, title)
+        self.foreign_tree: dict[int, tuple[int, str]] = {}  # pid -> (start since boot, title)
         self.flag_value = 0
         self.prefix = f"soak-{os.getpid()}-{seed}"
         self.watch = Watch()
@@ -592,7 +593,7 @@ class Night:
             for p in tree_of(self.foreign.proc.pid):
                 with contextlib.suppress(psutil.Error):
                     if p.pid not in self.foreign_tree:
-                        self.foreign_tree[p.pid] = (p.create_time(), (p.cmdline() or [p.name()])[0])
+                        self.foreign_tree[p.pid] = (started(p.pid), (p.cmdline() or [p.name()])[0])
 
     # -- the loop
 
@@ -651,15 +652,13 @@ class Night:
         alive = []
         changed = []
         transient = []  # a child of the server's own that came and went (not a part of it)
-        for pid, (created, title) in self.foreign_tree.items():
-            try:
-                p = psutil.Process(pid)
-                if abs(p.create_time() - created) < 0.5 and p.status() not in (psutil.STATUS_ZOMBIE,
-                                                                                psutil.STATUS_STOPPED):
+        for pid, (start, title) in self.foreign_tree.items():
+            # the start since boot, not psutil's create time: a step of the wall clock moves
+            # every create time (a CI run saw this server, still answering, read as gone)
+            with contextlib.suppress(psutil.Error):
+                if running(pid, start) and psutil.Process(pid).status() != psutil.STATUS_STOPPED:
                     alive.append(pid)
                     continue
-            except psutil.Error:
-                pass
             # The server (its main process and its sglang:: parts) must all be there; any other
             # child it started and ended (seen once while it started) is its own business, as
             # long as the daemon did not kill it (``killed_by_daemon``).
@@ -736,11 +735,10 @@ class Night:
         for d in self.daemons:
             with contextlib.suppress(Exception):
                 d.kill()
-        for pid, (created, _, _) in list(self.watch.seen.items()):
-            with contextlib.suppress(psutil.Error):
-                p = psutil.Process(pid)
-                if abs(p.create_time() - created) < 0.5:
-                    p.kill()
+        for pid, (start, _, _) in list(self.watch.seen.items()):
+            if still(pid, start):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
 
     def _results(self, reqs: list[Req], res_end: dict[str, Any], foreign: dict[str, Any], alerts: dict[str, Any],
                  leftovers: list[str], report: subprocess.CompletedProcess[str]) -> dict[str, Any]:
