@@ -79,8 +79,9 @@ async def test_stop_sigkills_a_group_that_ignores_sigterm_after_the_grace(tmp_pa
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
-async def test_a_descendant_that_left_the_group_is_killed_too(tmp_path, no_leftovers):
-    """A child that started its own session escapes killpg; remembered descendants do not."""
+async def _with_an_escaped_child(tmp_path) -> tuple[ServerProcess, list[int]]:
+    """A server whose child started its own session (out of the group killpg reaches), and
+    that child's pid, remembered."""
     code = (
         "import subprocess, sys, time\n"
         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
@@ -93,6 +94,10 @@ async def test_a_descendant_that_left_the_group_is_killed_too(tmp_path, no_lefto
         await asyncio.sleep(0.02)
     escaped = [p for p in server.remember_descendants() if p != server.pid]
     assert escaped and os.getpgid(escaped[0]) != server.pgid
+    return server, escaped
+
+
+async def _stopped_and_gone(server: ServerProcess, escaped: list[int]) -> bool:
     await server.stop(grace_s=0.2)
     await server.close()
 
@@ -103,7 +108,13 @@ async def test_a_descendant_that_left_the_group_is_killed_too(tmp_path, no_lefto
         if gone():
             break
         await asyncio.sleep(0.05)
-    assert gone()
+    return gone()
+
+
+async def test_a_descendant_that_left_the_group_is_killed_too(tmp_path, no_leftovers):
+    """A child that started its own session escapes killpg; remembered descendants do not."""
+    server, escaped = await _with_an_escaped_child(tmp_path)
+    assert await _stopped_and_gone(server, escaped)
 
 
 async def test_a_descendant_that_left_the_group_is_killed_after_the_wall_clock_stepped(tmp_path, no_leftovers,
@@ -111,30 +122,12 @@ async def test_a_descendant_that_left_the_group_is_killed_after_the_wall_clock_s
     """The descendants are remembered by their start since boot: a step of the wall clock
     between the look and the kill (which moves every create time) does not make the escaped
     one look like a stranger to be left alive."""
-    code = (
-        "import subprocess, sys, time\n"
-        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
-        "print('up', flush=True); time.sleep(60)"
-    )
-    server = await _spawn(tmp_path, code)
-    seen: list[str] = []
-    server.on_line = seen.append
-    while not seen:
-        await asyncio.sleep(0.02)
-    escaped = [p for p in server.remember_descendants() if p != server.pid]
-    assert escaped
+    server, escaped = await _with_an_escaped_child(tmp_path)
     created = psutil.Process(escaped[0]).create_time()
     clock_step(+3600.0)
     assert psutil.Process(escaped[0]).create_time() > created + 3000  # every create time moved
     assert server.kill_leftovers() == escaped
-    await server.stop(grace_s=0.2)
-    await server.close()
-    for _ in range(100):
-        if not psutil.pid_exists(escaped[0]) or psutil.Process(escaped[0]).status() == psutil.STATUS_ZOMBIE:
-            break
-        await asyncio.sleep(0.05)
-    else:
-        raise AssertionError(f"the escaped descendant {escaped[0]} outlived the stop")
+    assert await _stopped_and_gone(server, escaped)
 
 
 async def test_a_fork_of_a_part_is_not_a_part(tmp_path, no_leftovers):
