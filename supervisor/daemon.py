@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import faulthandler
-import gc
 import os
 import signal
 import sys
@@ -281,11 +280,6 @@ class Daemon:
 
         def load() -> None:
             warm()
-            # What is loaded by now (the modules, the config, the tables just built) lives as
-            # long as the daemon: frozen out of the collector's generations, it is no longer
-            # walked by each full collection, one of which may fall in a crash's path.
-            gc.collect()
-            gc.freeze()
             give_back_free_memory()
 
         self.spawn(asyncio.to_thread(load), "warm-diagnosis")
