@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import re
 import signal
 from collections.abc import Callable, Mapping, Sequence
@@ -489,6 +490,36 @@ async def test_a_dead_part_is_the_crash_and_sglangs_own_teardown_is_awaited(tmp_
         assert rig.sink.find("crash")[0]["part_died"] == "sglang::scheduler (pid 4343)"
         await rig.until(lambda: len(rig.spawner.servers) == 2, "the relaunch")
         assert await rig.stop() == 0
+
+
+async def test_the_collector_is_held_from_a_death_until_its_crash_is_told(tmp_path):
+    """No full collection in a crash's path (unit.gchold): the cyclic GC is off from the
+    death to the ``crash`` event, and on again once it is told."""
+    gc.enable()
+    async with asyncio.timeout(DEADLINE_S):
+        rig = Rig(tmp_path)
+        rig.prober.default = True
+        seen: list[tuple[str, bool]] = []
+        rig.sink.emit = _also(rig.sink.emit, lambda e: seen.append((e.kind, gc.isenabled())))
+        rig.start()
+        await rig.until(lambda: rig.state() is State.READY, "READY")
+        first = rig.spawner.servers[0]
+        assert first.on_part_died is not None
+        first.on_part_died(4343, "sglang::scheduler")
+        await rig.until(lambda: len(rig.spawner.servers) == 2, "the relaunch")
+        told = dict(seen)
+        assert told["server_down"] is False and told["crash"] is False
+        assert gc.isenabled(), "the collector is on again once the crash is told"
+        assert await rig.stop() == 0
+    assert gc.isenabled()
+
+
+def _also(emit: Callable[[Event], None], see: Callable[[Event], None]) -> Callable[[Event], None]:
+    def both(event: Event) -> None:
+        see(event)
+        emit(event)
+
+    return both
 
 
 async def test_a_restart_request_drains_and_relaunches_at_once(tmp_path):

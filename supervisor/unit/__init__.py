@@ -42,6 +42,7 @@ from supervisor.core.messages import (
     ConfigChanged,
     Ctx,
     Diagnose,
+    Diagnosed,
     Emit,
     Event,
     Exit,
@@ -188,6 +189,8 @@ class ServerUnit:
         self.core, actions = machine.step(old, event, ctx)
         for action in actions:
             self._do(action)
+        if isinstance(event, Diagnosed):
+            self.life.gc_hold.release()  # the death is read and told (unit.gchold)
         new = self.core
         if (new.state, new.pid, new.generation) != (old.state, old.pid, old.generation):
             for follow in self._followers:
@@ -502,6 +505,7 @@ class ServerUnit:
         """The unit's tasks end (its scope, its launch's with it); then what it holds is
         closed, and a clean stop is recorded."""
         await self.tasks.aclose()
+        self.life.gc_hold.release()
         if self._group is not None:
             await self._group.aclose()
         await self.life.close()

@@ -48,6 +48,7 @@ from supervisor.core.messages import (
 )
 from supervisor.core.model import ExitStatus, Phase
 from supervisor.core.ownership import LAUNCH_VAR, MARK_VAR, gpu_env, server_env
+from supervisor.unit.gchold import GcHold, settle
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
@@ -107,6 +108,7 @@ class ServerLife:
         self._prober: Prober | None = None
         self._kv: KvReader | None = None
         self._retired: list[Prober | KvReader] = []  # replaced by a reload, closed when the launch ends
+        self.gc_hold = GcHold()  # from a death until its diagnosis is fed (ServerUnit.feed)
 
     @property
     def server(self) -> ServerHandle | None:
@@ -170,7 +172,7 @@ class ServerLife:
         run.server = server
         run.since = time.time()  # wall clock, not monotonic: compared with processes' create times
         server.on_line = lambda line: self._on_line(run, line)
-        server.on_part_died = lambda pid, title: self._post(Died(None, pid, title))
+        server.on_part_died = lambda pid, title: self._died(Died(None, pid, title))
         server.spotted, server.on_spotted = SPOTTED, lambda line: self._on_spotted(run, line)  # once start-up is over
         self._emit(ev.ServerLaunched(
             argv=tuple(launch.argv), mem_fraction_static=launch.fraction, hicache_size_gb=launch.hicache_size_gb,
@@ -178,6 +180,7 @@ class ServerLife:
             gpus=about[0], sglang_version=about[1],
         ))
         run.tasks.spawn(self._watched(run, server), "watch")
+        settle()  # while the server loads: what the last launch and its end left is collected now
         return Launched(server.pid)
 
     def _on_line(self, run: LaunchLife, line: str) -> None:
@@ -221,7 +224,13 @@ class ServerLife:
     async def _watched(self, run: LaunchLife, server: ServerHandle) -> None:
         """The main process's death is told at once; ``diagnose`` tidies what it left."""
         run.status = await server.wait()
-        self._post(Died(run.status, server.pid))
+        self._died(Died(run.status, server.pid))
+
+    def _died(self, died: Died) -> None:
+        """A death, posted at once; the collector is held off until its diagnosis is fed
+        (``unit.gchold``: a full collection in the crash's path was its slowest 20 ms)."""
+        self.gc_hold.hold()
+        self._post(died)
 
     async def diagnose(self, read_log: bool, phase: Phase) -> Diagnosed:
         """The launch ends here: its tree is tidied (leftovers killed, output drained), its
@@ -390,7 +399,7 @@ class ServerLife:
         run.ready_total = doc["ready_total"]
         run.oom_kills_at_launch = doc["oom_kills_at_launch"]
         run.least_free = tuple(float(x) for x in doc["least_free"])
-        server.on_part_died = lambda pid, title: self._post(Died(None, pid, title))
+        server.on_part_died = lambda pid, title: self._died(Died(None, pid, title))
         server.spotted, server.on_spotted = SPOTTED, lambda line: self._on_spotted(run, line)
         run.tasks.spawn(self._watched(run, server), "watch")
         return server
