@@ -161,6 +161,10 @@ class FakeServer:
     def starts(self) -> tuple[str, list[tuple[int, int]]]:
         return "", []
 
+    @property
+    def started(self) -> int | None:
+        return None
+
     async def stop(self, grace_s: float, first: signal.Signals | None = signal.SIGTERM) -> ExitStatus:
         self.stopped_with.append(first)
         if self.returncode is None:

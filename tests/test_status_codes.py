@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +22,7 @@ import pytest
 import tomli_w
 from harness import REPO
 
+from supervisor.adapters import procstart
 from supervisor.adapters.store import StateStore
 from supervisor.cli.status import EXIT_DEAD, EXIT_NO_STATE, EXIT_NOT_RUNNING, EXIT_SERVING, status
 from supervisor.core.config import load_config
@@ -51,11 +54,11 @@ def record(cause: Cause, *, planned: bool = False) -> CrashRecord:
                        planned=planned)
 
 
-def write(state_dir: Path, state: State, **core: Any) -> None:
+def write(state_dir: Path, state: State, server_keys: dict[str, Any] | None = None, **core: Any) -> None:
     learned = replace(Learned(0.88, 48, 0.93, 48), history=core.pop("history", ()))
     c = replace(Core(state, learned, run=Run(attempt=3, pid=4242 if state is State.READY else None)), **core)
     server = {"server_pid": c.pid, "server_pgid": c.pid, "server_since": 1.0 if c.pid else None,
-              "server_launch": None, "server_tree": []}
+              "server_launch": None, "server_tree": [], **(server_keys or {})}
     StateFile(StateStore(str(state_dir)), log=_Log(), emit=lambda e: None,  # type: ignore[arg-type]
               wall_now=lambda: "2026-12-03T03:00:00+00:00").save(c, server, instance_id="i", worker_id=None)
 
@@ -84,6 +87,23 @@ def test_exit_0_when_every_server_serves(tmp_path: Path, running: StateStore) ->
     (line,) = text.splitlines()
     assert line.split()[:2] == ["sup", "READY"]
     assert "pid 4242, uptime " in line and "fraction 0.88" in line and "last cuda_oom_runtime" in line
+
+
+def test_uptime_is_counted_on_the_boots_clock_so_a_wall_clock_step_does_not_move_it(
+        tmp_path: Path, running: StateStore) -> None:
+    """The daemon records the server's start in this boot's ticks: a spawn time a day off (the
+    wall clock stepped since) does not make `status` say a day; a start from another boot is
+    not read, and the wall time is the fallback."""
+    path = config(tmp_path)
+    ours = procstart.started(os.getpid())  # a process that started moments ago
+    stepped = {"server_since": time.time() - 86400, "server_started": ours, "server_boot": procstart.boot_id()}
+    write(tmp_path / "state", State.READY, server_keys=stepped)
+    _, text = run(path)
+    uptime = text.split("uptime ")[1].split(",")[0]
+    assert "day" not in uptime and uptime.startswith("0:"), text
+    write(tmp_path / "state", State.READY, server_keys={**stepped, "server_boot": "another-boot"})
+    _, text = run(path)
+    assert "uptime 1 day, " in text, text
 
 
 def test_exit_3_when_a_server_is_held_by_an_operator(tmp_path: Path, running: StateStore) -> None:

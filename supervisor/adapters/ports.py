@@ -396,6 +396,8 @@ class ServerHandle(Protocol):
     @property
     def pgid(self) -> int: ...
     @property
+    def started(self) -> int | None: ...  # the main process's start, ticks since boot (procstart)
+    @property
     def tail(self) -> Tail: ...  # the last output, for the diagnosis
     @property
     def last_output_at(self) -> float: ...  # loop time of the last output

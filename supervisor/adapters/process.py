@@ -33,7 +33,7 @@ import psutil
 
 from supervisor.adapters.output import Tail
 from supervisor.adapters.ports import ProcessError, ServerLog
-from supervisor.adapters.procstart import boot_id, started, still
+from supervisor.adapters.procstart import boot_id, start_or_none, started, still
 from supervisor.aio import within
 from supervisor.core.model import ExitStatus
 
@@ -128,6 +128,7 @@ class ServerProcess:
         self._proc = proc
         self.pid = proc.pid
         self.pgid = proc.pid  # start_new_session=True: the leader of its own group
+        self.started = start_or_none(proc.pid)  # in ticks since boot (procstart): `status`'s uptime
         self.log = log
         self.tail = tail
         self.on_line: Callable[[str], None] | None = None

@@ -18,6 +18,8 @@ keeps it with the boot's id (``boot_id``).
 from __future__ import annotations
 
 import functools
+import os
+import time
 from pathlib import Path
 
 import psutil
@@ -65,3 +67,18 @@ def running(pid: int, start: int) -> bool:
     except psutil.Error:
         return False
     return int(fields[19]) == start and fields[0] not in (b"Z", b"X")
+
+
+def age_s(start: int) -> float:
+    """How long ago a process of this boot started at ``start`` (ticks since boot), by the
+    boot's own clock (``CLOCK_BOOTTIME``, the clock the kernel's start is counted on): no
+    step of the wall clock moves it."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - start / os.sysconf("SC_CLK_TCK")
+
+
+def start_or_none(pid: int) -> int | None:
+    """``started``, or None when /proc does not show the process."""
+    try:
+        return started(pid)
+    except psutil.Error:
+        return None

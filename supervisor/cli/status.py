@@ -20,6 +20,7 @@ import sys
 import time
 from typing import IO, Any
 
+from supervisor.adapters import procstart
 from supervisor.core.config import Config, select_server, unit_name
 from supervisor.core.state import Learned
 
@@ -100,11 +101,10 @@ def _row(name: str, data: dict[str, Any] | None, warning: str | None,
     state = str(data.get("state", "?"))
     learned = data.get("learned", {})
     parts = []
-    pid, since = data.get("server_pid"), data.get("server_since")
+    pid = data.get("server_pid")
     if running and state in ("READY", "STARTING") and isinstance(pid, int):
-        # ``server_since`` is the spawn's wall time (the daemon's, compared with process create
-        # times), read by another process: the wall clock is the one both share
-        up = f", uptime {_uptime(time.time() - since)}" if isinstance(since, int | float) else ""
+        age = _server_age(data)
+        up = f", uptime {_uptime(age)}" if age is not None else ""
         parts.append(f"pid {pid}{up}")
     fraction = learned.get("fraction")
     parts.append(f"fraction {'sglang' if fraction is None else f'{fraction:g}'}")
@@ -132,6 +132,16 @@ def _row(name: str, data: dict[str, Any] | None, warning: str | None,
     elif state not in ("READY", "STOPPED") and data.get("reason"):
         notes.append(f"why: {data['reason']}")
     return (name, state if running else f"{state} (last known)", "   ".join(parts)), notes
+
+
+def _server_age(data: dict[str, Any]) -> float | None:
+    """How long the server has run. By its start in this boot's ticks where the daemon
+    recorded one (``server_started``): no step of the wall clock moves it. Else (a state file
+    from an older daemon) by the spawn's wall time, the clock this process shares with it."""
+    start, boot, since = data.get("server_started"), data.get("server_boot"), data.get("server_since")
+    if isinstance(start, int) and isinstance(boot, str) and boot == procstart.boot_id():
+        return procstart.age_s(start)
+    return time.time() - since if isinstance(since, int | float) else None
 
 
 def _uptime(seconds: float) -> str:

@@ -416,6 +416,7 @@ class ServerLife:
             "server_pid": server.pid if server else pid,
             "server_pgid": server.pgid if server else pid,
             "server_since": run.since if run and server else None,
+            "server_started": server.started if server else None,  # `status`'s uptime, in this boot's ticks
             "server_launch": run.nonce if run and server else None,
             "server_tree": [list(t) for t in server.tree()] if server else [],
             # the same tree by start since boot, which no step of the wall clock moves
