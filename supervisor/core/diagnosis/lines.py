@@ -4,6 +4,8 @@ the text itself, before any rule reads it."""
 from __future__ import annotations
 
 import re
+from array import array
+from itertools import repeat
 
 from supervisor.core.diagnosis.limits import MAX_LINE_CHARS, MAX_LINES, MAX_TAIL_BYTES
 
@@ -101,11 +103,11 @@ def _is_blank(line: str) -> bool:
     return not bare or (len(line) < 120 and not _strip_prefix(line).strip())
 
 
-def _unmangle(parts: list[str]) -> tuple[list[str], list[int] | None]:
+def _unmangle(parts: list[str]) -> tuple[list[str], array[int] | None]:
     """The lines of a log pasted with a blank line after every line, or with lines joined,
     back as the server printed them; and each new line's index in ``parts`` (None: same)."""
     blank = [_is_blank(line) for line in parts]
-    nonblank = [i for i, b in enumerate(blank) if not b]
+    nonblank = array("l", (i for i, b in enumerate(blank) if not b))  # one buffer, not an int per line
     doubled = len(nonblank) >= 4 and sum(
         1 for i in nonblank if i + 1 < len(parts) and blank[i + 1]
     ) >= 0.8 * len(nonblank)
@@ -113,7 +115,7 @@ def _unmangle(parts: list[str]) -> tuple[list[str], list[int] | None]:
     if not doubled and not long_lines:
         return parts, None
     lines: list[str] = []
-    orig: list[int] = []
+    orig = array("l")
     for i in nonblank if doubled else range(len(parts)):
         line = parts[i]
         pieces = [line]
@@ -124,7 +126,7 @@ def _unmangle(parts: list[str]) -> tuple[list[str], list[int] | None]:
             if cuts:
                 pieces = [line[a:b] for a, b in zip([0, *cuts], [*cuts, len(line)], strict=True)]
         lines.extend(pieces)
-        orig.extend([i] * len(pieces))
+        orig.extend(repeat(i, len(pieces)))
     return lines, orig
 
 
@@ -135,10 +137,15 @@ def _newest_first(parts: list[str]) -> bool:
     """A log pasted from a viewer that lists the newest line first: its timestamps go down,
     or its tracebacks' headers come after their frames ("Traceback (most recent call last)"
     is always followed by its first frame when written)."""
-    stamps = [m.group(0).replace(" ", "T").replace(",", ".") for line in parts[:4000]
-              if (m := _ISO_STAMP.search(line[:120])) is not None]
-    pairs = list(zip(stamps, stamps[1:], strict=False))
-    down, up = sum(a > b for a, b in pairs), sum(a < b for a, b in pairs)
+    down = up = 0  # consecutive timestamps that go down, and up (counted as read: no list of them)
+    last = None
+    for line in parts[:4000]:
+        if (m := _ISO_STAMP.search(line[:120])) is None:
+            continue
+        stamp = m.group(0).replace(" ", "T").replace(",", ".")
+        if last is not None:
+            down, up = down + (last > stamp), up + (last < stamp)
+        last = stamp
     if down >= 5 and down >= 4 * up:
         return True
     before = after = 0

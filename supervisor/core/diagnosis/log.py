@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_right
-from itertools import accumulate
 
 from supervisor.core.diagnosis.limits import (
     _AFTER_WINDOW,
@@ -30,6 +30,18 @@ from supervisor.core.diagnosis.startup_facts import line_rank
 from supervisor.core.model import Phase
 
 
+def _line_starts(text: str) -> array[int]:
+    """The offset of each line of ``text`` and, last, one past its end (+1 for the newline
+    it would end with): line ``i`` is ``text[starts[i] : starts[i + 1] - 1]``."""
+    starts = array("q", [0])
+    find, pos = text.find, text.find("\n")
+    while pos != -1:
+        starts.append(pos + 1)
+        pos = find("\n", pos + 1)
+    starts.append(len(text) + 1)
+    return starts
+
+
 class _Log:
     """A log tail split into lines, with substring search over its lowered text.
 
@@ -50,14 +62,15 @@ class _Log:
         parts, self._orig = _unmangle(parts)
         if _newest_first(parts):
             # A log viewer that shows the newest line first: read it in the order it was written.
-            orig = self._orig if self._orig is not None else list(range(len(parts)))
+            orig = self._orig if self._orig is not None else array("l", range(len(parts)))
             parts, self._orig = parts[::-1], orig[::-1]
             if ready_part is not None:
                 ready_part = None  # the daemon never hands over such a log; a file's offset means nothing here
         self._lines = parts
         self._low_text = "\n".join(parts).lower()  # lower() never makes or takes a newline
-        self._low_lines = self._low_text.split("\n")
-        self._starts = list(accumulate((len(line) + 1 for line in self._low_lines), initial=0))
+        # Where each lowered line starts, in one array: no second list of line objects (the
+        # heap a diagnosis leaves is its peak's; issue 36).
+        self._starts = _line_starts(self._low_text)
         self.count = len(parts)
         ready = self.last_line(("ready to roll",), self.count)
         outlived = self.nth_last_line(_BATCH_LINES, KEPT_SERVING_BATCHES)
@@ -82,7 +95,8 @@ class _Log:
         return self._lines[i][:MAX_LINE_CHARS].rstrip("\r")
 
     def low(self, i: int) -> str:
-        return self._low_lines[i][:MAX_LINE_CHARS]
+        start = self._starts[i]
+        return self._low_text[start : min(self._starts[i + 1] - 1, start + MAX_LINE_CHARS)]
 
     def _line_of(self, pos: int) -> int:
         return bisect_right(self._starts, pos) - 1
