@@ -107,7 +107,9 @@ class Entry:
         head = self.pattern if head == self.pattern else head  # one string, not two equal ones
         object.__setattr__(self, "head", head)
         object.__setattr__(self, "literal", literal)
-        object.__setattr__(self, "piece", sys.intern(max(head.lower().split(ANY), key=len)))
+        # Not interned: a row lives for one diagnosis (``FileRows.let_go``), and each interned
+        # then freed churned the interpreter's table of interned strings (a 1.9 MB resize).
+        object.__setattr__(self, "piece", max(head.lower().split(ANY), key=len))
 
     @property
     def regex(self) -> re.Pattern[str]:
@@ -260,6 +262,12 @@ class Catalogue:
 
     def __len__(self) -> int:
         return len(self.entries)
+
+    def let_go(self) -> None:
+        """What the diagnosis that just ended read of the rows is let go (``FileRows``); the
+        error tables, read at the load, stay."""
+        if isinstance(self.entries, FileRows):
+            self.entries.let_go()
 
     def candidates(self, normalised: str) -> list[Entry]:
         rows = self.entries
@@ -422,10 +430,13 @@ def _parse(lines: Iterable[str]) -> tuple[list[Entry], list[str], list[int]]:
 
 class FileRows(Sequence[Entry]):
     """The catalogue file's rows, each read from the file (by its byte offset) when first
-    asked for and kept while few are: at ``KEEP`` the kept ones are let go (issue 36: what
-    diagnoses leave in the heap is bounded, about 3 MB; at 8,192 it was 6.5 MB). One crash's
-    lines bring up a few hundred (at most 2,451 in the corpus), so one diagnosis reads
-    each of its rows once and the next crash of the same kind finds them kept.
+    asked for and kept for the diagnosis that asked (``let_go`` when it ends; at ``KEEP``
+    within one, the kept ones are let go). One crash's lines bring up a few hundred to a
+    thousand rows (at most 2,451 in the corpus), ~620 B each with their strings: kept from
+    one diagnosis to the next (up to 4,096), they were the daemon's largest growth over a
+    night, about 0.8 MB for each new kind of crash up to 3 MB, and the real soak's RSS bound
+    missed for it (issue 36). Read again, a crash's rows cost a few milliseconds (a real
+    soak's crash, 1,236 rows: 8.8 ms a diagnosis kept or not).
 
     A row is one ``pread`` on a descriptor held open from the index's check on: no open,
     no buffered reader per row (a first diagnosis reads ~370 rows: 2.7 ms of opens), and the
@@ -443,6 +454,10 @@ class FileRows(Sequence[Entry]):
 
     def __len__(self) -> int:
         return len(self._offsets)
+
+    def let_go(self) -> None:
+        """The rows read so far are let go (a diagnosis ended: the next reads its own)."""
+        self._kept.clear()
 
     @overload
     def __getitem__(self, i: int) -> Entry: ...
@@ -547,6 +562,12 @@ def parse_modules(text: str) -> tuple[tuple[str, str], ...]:
         if len(cols) >= 2 and cols[0] != "module":
             rows.append((cols[0], cols[1]))
     return tuple(sorted(rows, key=lambda r: -len(r[0])))
+
+
+def let_go_rows() -> None:
+    """The loaded catalogue's rows read by a diagnosis let go (none loaded: nothing to do)."""
+    if catalogue.cache_info().currsize:
+        catalogue().let_go()
 
 
 @cache

@@ -6,6 +6,7 @@ import re
 from collections.abc import Collection, Sequence
 from dataclasses import replace
 
+from supervisor.core.diagnosis.catalogue import let_go_rows
 from supervisor.core.diagnosis.families import _CONSEQUENTIAL, _GENERIC
 from supervisor.core.diagnosis.findings import _bind_failure_before_ready, _find
 from supervisor.core.diagnosis.kernel import kernel_oom_line
@@ -168,6 +169,8 @@ def diagnose(
             certain=False,
             phase_source="daemon" if isinstance(phase, Phase) else "unknown",
         )
+    finally:
+        let_go_rows()  # a diagnosis leaves no catalogue rows behind (``FileRows``)
 
 
 # A crash of every shape the reading takes (a traceback, a frame, an error the catalogue and
