@@ -53,7 +53,7 @@ from supervisor.services.reexec import InPlace
 from supervisor.services.rolling import PassEnd, another_serves, roll
 from supervisor.unit import ServerUnit, wall_now
 from supervisor.unit.handover import HandOver
-from supervisor.unit.life import give_back_free_memory
+from supervisor.unit.life import give_back_free_memory, pin_malloc_thresholds
 
 
 async def watchdog_loop(
@@ -181,6 +181,7 @@ class Daemon:
         except StoreError as exc:
             self.log.error("daemon_refused", reason=str(exc))
             return 1
+        pin_malloc_thresholds()
         try:
             self._install_signals()
             self._start_reaper()

@@ -458,6 +458,27 @@ def give_back_free_memory() -> None:
 
 _TRIM: Any = None  # glibc's malloc_trim once looked up (False: not glibc)
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+MMAP_FROM = 128 * 1024  # glibc's default threshold, kept fixed
+
+
+def pin_malloc_thresholds() -> None:
+    """glibc's mmap threshold kept at its default (128 KiB), not raised as it goes: by
+    default, once a buffer that large is freed (a crash's tail, 256 KiB to 2 MiB, copied,
+    decoded and lowered by its diagnosis), buffers that size come from the heap instead of
+    their own mapping, and the heap keeps what they leave resident (the real soak's
+    daemon: +1 MB at an incarnation's second crash, free in glibc's arenas). Fixed, each
+    such buffer is mapped and unmapped whole. Called once at the daemon's start; elsewhere
+    than glibc, nothing to do."""
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(M_MMAP_THRESHOLD, MMAP_FROM)
+    mallopt(M_TRIM_THRESHOLD, MMAP_FROM)
+
 
 def _ready_at(ready_total: int | None, total: int, tail: bytes) -> int | None:
     """Where in ``tail`` (a byte offset) the server was last READY: what it logged before
