@@ -107,9 +107,7 @@ class Entry:
         head = self.pattern if head == self.pattern else head  # one string, not two equal ones
         object.__setattr__(self, "head", head)
         object.__setattr__(self, "literal", literal)
-        # Not interned: a row lives for one diagnosis (``FileRows.let_go``), and each interned
-        # then freed churned the interpreter's table of interned strings (a 1.9 MB resize).
-        object.__setattr__(self, "piece", max(head.lower().split(ANY), key=len))
+        object.__setattr__(self, "piece", max(head.lower().split(ANY), key=len))  # not interned: rows come and go
 
     @property
     def regex(self) -> re.Pattern[str]:
@@ -262,12 +260,6 @@ class Catalogue:
 
     def __len__(self) -> int:
         return len(self.entries)
-
-    def let_go(self) -> None:
-        """What the diagnosis that just ended read of the rows is let go (``FileRows``); the
-        error tables, read at the load, stay."""
-        if isinstance(self.entries, FileRows):
-            self.entries.let_go()
 
     def candidates(self, normalised: str) -> list[Entry]:
         rows = self.entries
@@ -429,19 +421,11 @@ def _parse(lines: Iterable[str]) -> tuple[list[Entry], list[str], list[int]]:
 
 
 class FileRows(Sequence[Entry]):
-    """The catalogue file's rows, each read from the file (by its byte offset) when first
-    asked for and kept for the diagnosis that asked (``let_go`` when it ends; at ``KEEP``
-    within one, the kept ones are let go). One crash's lines bring up a few hundred to a
-    thousand rows (at most 2,451 in the corpus), ~620 B each with their strings: kept from
-    one diagnosis to the next (up to 4,096), they were the daemon's largest growth over a
-    night, about 0.8 MB for each new kind of crash up to 3 MB, and the real soak's RSS bound
-    missed for it (issue 36). Read again, a crash's rows cost a few milliseconds (a real
-    soak's crash, 1,236 rows: 8.8 ms a diagnosis kept or not).
-
-    A row is one ``pread`` on a descriptor held open from the index's check on: no open,
-    no buffered reader per row (a first diagnosis reads ~370 rows: 2.7 ms of opens), and the
-    file read is the one the index was checked against, even after an upgrade replaced it
-    on disk under a daemon still running the old code."""
+    """The catalogue file's rows, each read from the file (by its offset) when first asked
+    for, kept until the diagnosis that asked ends (``let_go``; ``KEEP`` at most). Kept across
+    diagnoses (~620 B a row, up to a thousand a crash), they were the real soak's RSS growth.
+    A row is one ``pread`` on a descriptor held open from the index's check on: the file read
+    is the one the index was checked against, even after an upgrade replaced it on disk."""
 
     KEEP = 4096
 
@@ -554,20 +538,15 @@ def _load_index(fd: int, index_file: Path) -> Catalogue | None:
 
 def parse_modules(text: str) -> tuple[tuple[str, str], ...]:
     """The module table's text: ``path_prefix  subsystem`` rows (longest prefix first)."""
-    rows = []
-    for line in text.splitlines():
-        if not line.strip() or line.startswith("#"):
-            continue
-        cols = line.split("\t")
-        if len(cols) >= 2 and cols[0] != "module":
-            rows.append((cols[0], cols[1]))
+    rows = [(cols[0], cols[1]) for line in text.splitlines() if line.strip() and not line.startswith("#")
+            and len(cols := line.split("\t")) >= 2 and cols[0] != "module"]
     return tuple(sorted(rows, key=lambda r: -len(r[0])))
 
 
 def let_go_rows() -> None:
     """The loaded catalogue's rows read by a diagnosis let go (none loaded: nothing to do)."""
-    if catalogue.cache_info().currsize:
-        catalogue().let_go()
+    if catalogue.cache_info().currsize and isinstance(rows := catalogue().entries, FileRows):
+        rows.let_go()
 
 
 @cache
