@@ -5,9 +5,9 @@ from the file when a line's words bring them up. Here 200 crashes, each a differ
 log of the corpus (``tests/data/crashlogs``: so each brings up rows and patterns of its
 own, the worst case for a cache), are diagnosed one after the other, the heap traced with
 tracemalloc: what is left after each stays under a bound set by the regexes compiled (a
-bounded cache); the rows a diagnosis read are let go when it ends. Then the same 200 once more: once the caches are let go,
-that second night has left nothing at all (the first one leaves what is read once: the
-module table, the interned strings' table grown to its size).
+bounded cache); the rows a diagnosis read are let go when it ends. Then the same 200 once
+more: once the caches are let go, that second night has left nothing at all (the first one
+leaves what is read once: the module table, the interned strings' table grown to its size).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import math
 import os
 import signal
@@ -444,19 +445,10 @@ def give_back_free_memory() -> None:
     soak: a step at each crash, flat between). The tables' load and the imports before it
     leave 1.2 MB free but resident (issue 36: 40.2 -> 39.1 MB serving). Elsewhere than glibc:
     nothing to do."""
-    global _TRIM
-    if _TRIM is None:
-        try:
-            import ctypes
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
-            _TRIM = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            _TRIM = False
-    if _TRIM:
-        _TRIM(0)
-
-
-_TRIM: Any = None  # glibc's malloc_trim once looked up (False: not glibc)
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 MMAP_FROM = 128 * 1024  # glibc's default threshold, kept fixed
@@ -470,14 +462,23 @@ def pin_malloc_thresholds() -> None:
     daemon: +1 MB at an incarnation's second crash, free in glibc's arenas). Fixed, each
     such buffer is mapped and unmapped whole. Called once at the daemon's start; elsewhere
     than glibc, nothing to do."""
+    libc = _libc()
+    if libc is not None:
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_FROM)
+        libc.mallopt(M_TRIM_THRESHOLD, MMAP_FROM)
+
+
+@functools.cache
+def _libc() -> Any:
+    """glibc, looked up once; None elsewhere (musl, macOS: neither call exists there)."""
     try:
         import ctypes
 
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim, libc.mallopt  # noqa: B018 - both or neither
     except (OSError, AttributeError):
-        return
-    mallopt(M_MMAP_THRESHOLD, MMAP_FROM)
-    mallopt(M_TRIM_THRESHOLD, MMAP_FROM)
+        return None
+    return libc
 
 
 def _ready_at(ready_total: int | None, total: int, tail: bytes) -> int | None:
