@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tomllib
 from collections import Counter
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
@@ -257,12 +258,18 @@ def test_the_data_ship_with_the_package() -> None:
 def test_the_committed_index_is_the_catalogues_and_reads_the_same_entries() -> None:
     """catalogue.idx is what index_text makes of the committed catalogue.tsv (make catalogue
     writes both); through it the daemon reads rows only when a line's words bring them up,
-    and every row, every candidate list and every match is the same as the whole file's."""
+    and every row (its head too), every candidate list and every match is the same as the whole file's."""
     text = CATALOGUE_TSV.read_text(encoding="utf-8")
     assert (CATALOGUE_TSV.parent / "catalogue.idx").read_text(encoding="utf-8") == cat.index_text(text)
     whole, indexed = cat.parse_catalogue(text), cat.catalogue()
     assert isinstance(indexed.entries, cat.FileRows) and indexed.versions == whole.versions
     assert list(indexed.entries) == list(whole.entries)
+    # each row's head as the index gives it (not worked out again at each read) is the one worked out
+    assert len(indexed.entries._heads) == 2 * len(whole.entries)
+    def heads(rows: Sequence[cat.Entry]) -> list[tuple[str, int, str]]:
+        return [(e.head, e.literal, e.piece) for e in rows]
+
+    assert heads(indexed.entries) == heads(whole.entries)
     for line in ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity",
                  "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, unhandled cuda error",
                  "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.",

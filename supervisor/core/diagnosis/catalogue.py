@@ -1,24 +1,20 @@
 """The messages the serving stack can print, harvested from its own code (issue 23).
 
-``scripts/catalogue/harvest.py`` (``make catalogue``) reads pinned releases of SGLang, torch
-(its Python and the strings of its shared libraries), NCCL, the CUDA runtime, Triton,
-FlashInfer, sgl-kernel, vLLM, transformers, safetensors, huggingface_hub, uvicorn and
-asyncio, and writes every message it finds as a normalised pattern with its origin and a
-**family** to ``supervisor/core/diagnosis/data/catalogue.tsv``; the module trees of the same
-releases become ``supervisor/core/diagnosis/data/modules.tsv`` (a module path -> the subsystem
-it belongs to).
+``scripts/catalogue/harvest.py`` (``make catalogue``) reads pinned releases of SGLang, torch (its Python and the
+strings of its shared libraries), NCCL, the CUDA runtime, Triton, FlashInfer, sgl-kernel, vLLM, transformers,
+safetensors, huggingface_hub, uvicorn and asyncio, and writes every message it finds as a normalised pattern with
+its origin and a **family** to ``supervisor/core/diagnosis/data/catalogue.tsv``; the module trees of the same
+releases become ``supervisor/core/diagnosis/data/modules.tsv`` (a module path -> the subsystem it belongs to).
 Nothing here is typed by hand from logs: the words come from the code that prints them.
 
-This module is pure: it reads its two data files (package data, once, on first use) and
-matches log lines against them. ``normalise`` is the one normaliser: the harvester applies
-it to the literal text of each message, the diagnosis to each log line, so a number, a
-path, a size or an id is the same placeholder on both sides.
+This module is pure: it reads its two data files (package data, once, on first use) and matches log lines against
+them. ``normalise`` is the one normaliser: the harvester applies it to the literal text of each message, the
+diagnosis to each log line, so a number, a path, a size or an id is the same placeholder on both sides.
 
-A pattern is literal text with placeholders: ``<*>`` where the source formats a value (an
-f-string expression, ``%s``, ``{}``), and the normaliser's own tokens (``<n>``, ``<size>``,
-``<path>``, ``<hex>``, ``<id>``) where the source's literal holds one. A line matches a
-pattern when the pattern occurs in the normalised line, each ``<*>`` standing for any short
-run of text (case is ignored).
+A pattern is literal text with placeholders: ``<*>`` where the source formats a value (an f-string expression,
+``%s``, ``{}``), and the normaliser's own tokens (``<n>``, ``<size>``, ``<path>``, ``<hex>``, ``<id>``) where the
+source's literal holds one. A line matches a pattern when the pattern occurs in the normalised line, each ``<*>``
+standing for any short run of text (case is ignored).
 """
 
 from __future__ import annotations
@@ -96,18 +92,18 @@ class Entry:
     # the whole message is evidence; "all" even the whole message does: it names no cause.
     shared: str = ""
     # What a line must hold: the pattern's first sentences, enough of them to say something
-    # (``HEAD_LETTERS``), without the closing punctuation (see ``head_of``).
-    head: str = field(init=False, repr=False, compare=False)
-    literal: int = field(init=False, repr=False, compare=False)  # letters of the head outside placeholders
+    # (``HEAD_LETTERS``), without the closing punctuation (``head_of``; given: the index's).
+    head: str = field(default="", repr=False, compare=False)
+    literal: int = field(default=-1, repr=False, compare=False)  # letters of the head outside placeholders
     # The head's longest literal piece, lowercased: a line without it cannot match (checked before the regex).
     piece: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        head, literal = _head(self.pattern)
-        head = self.pattern if head == self.pattern else head  # one string, not two equal ones
-        object.__setattr__(self, "head", head)
-        object.__setattr__(self, "literal", literal)
-        object.__setattr__(self, "piece", max(head.lower().split(ANY), key=len))  # not interned: rows come and go
+        if self.literal < 0:
+            head, literal = _head(self.pattern)
+            object.__setattr__(self, "head", self.pattern if head == self.pattern else head)  # one string
+            object.__setattr__(self, "literal", literal)
+        object.__setattr__(self, "piece", max(self.head.lower().split(ANY), key=len))  # not interned: rows come and go
 
     @property
     def regex(self) -> re.Pattern[str]:
@@ -384,7 +380,8 @@ def _rows(lines: Iterable[str]) -> Iterable[tuple[int, str | list[str]]]:
         yield at, line
 
 
-def _entry(line: str, shared: dict[str, tuple[str, ...]]) -> Entry | None:
+def _entry(line: str, shared: dict[str, tuple[str, ...]], head: int = -1, literal: int = -1) -> Entry | None:
+    """A row's entry; ``head``, ``literal``: its head's length and letters, when the index has them."""
     cols = line.split("\t")
     if len(cols) < 4:
         return None
@@ -392,8 +389,9 @@ def _entry(line: str, shared: dict[str, tuple[str, ...]]) -> Entry | None:
     seen = shared.get(seen_text)
     if seen is None:  # 42,000 rows name a few dozen sets of versions: one tuple each
         seen = shared[seen_text] = tuple(sys.intern(v) for v in seen_text.split(",") if v)
-    shared_words = sys.intern(cols[5]) if len(cols) > 5 else ""
-    return Entry(sys.intern(cols[0]), sys.intern(cols[1]), cols[2], cols[3], seen, shared_words)
+    given = "" if literal < 0 else cols[2] if head == len(cols[2]) else cols[2].strip()[:head]  # whole: one string
+    return Entry(sys.intern(cols[0]), sys.intern(cols[1]), cols[2], cols[3], seen,
+                 sys.intern(cols[5]) if len(cols) > 5 else "", given, literal)
 
 
 def parse_catalogue(text: str | Iterable[str]) -> Catalogue:
@@ -425,14 +423,15 @@ class FileRows(Sequence[Entry]):
     for, kept until the diagnosis that asked ends (``let_go``; ``KEEP`` at most). Kept across
     diagnoses (~620 B a row, up to a thousand a crash), they were the real soak's RSS growth.
     A row is one ``pread`` on a descriptor held open from the index's check on: the file read
-    is the one the index was checked against, even after an upgrade replaced it on disk."""
+    is the one the index was checked against, even after an upgrade replaced it on disk.
+    ``heads``: each row's head length and letters, in turn (the index's; empty: worked out)."""
 
     KEEP = 4096
 
-    def __init__(self, fd: int, offsets: Sequence[int], size: int) -> None:
-        self._fd = fd
+    def __init__(self, fd: int, offsets: Sequence[int], size: int, heads: Sequence[int] = ()) -> None:
+        self._fd, self._size = fd, size
         self._offsets = array("I", offsets)
-        self._size = size
+        self._heads = array("H", heads if len(heads) == 2 * len(offsets) else ())
         self._kept: dict[int, Entry] = {}
         self._shared: dict[str, tuple[str, ...]] = {}
 
@@ -457,7 +456,7 @@ class FileRows(Sequence[Entry]):
             start = self._offsets[i]
             end = self._offsets[i + 1] if i + 1 < len(self._offsets) else self._size
             line = os.pread(self._fd, end - start, start).partition(b"\n")[0]
-            entry = _entry(line.decode("utf-8"), self._shared)
+            entry = _entry(line.decode("utf-8"), self._shared, *self._heads[2 * i:2 * i + 2])
             if entry is None:  # the index does not fit the file: cannot happen with a committed pair
                 raise IndexError(f"catalogue row {i} at byte {start} is not a row")
             self._kept[i] = entry
@@ -473,7 +472,8 @@ def index_text(catalogue_text: str) -> str:
     out = [f"# the word index of {CATALOGUE_FILE} ({len(entries)} rows, {size} bytes): generated by "
            "scripts/catalogue/harvest.py; do not edit",
            f"size\t{size}", "offsets\t" + ",".join(map(str, offsets)),
-           "unindexed\t" + ",".join(map(str, index.unindexed)), "tables\t" + ",".join(map(str, index.tables))]
+           "unindexed\t" + ",".join(map(str, index.unindexed)), "tables\t" + ",".join(map(str, index.tables)),
+           "heads\t" + ",".join(f"{len(e.head)},{e.literal}" for e in entries)]
     out += [f"w\t{w}\t" + ",".join(map(str, rows)) for w, rows in index.words()]
     return "\n".join(out) + "\n"
 
@@ -533,7 +533,7 @@ def _load_index(fd: int, index_file: Path) -> Catalogue | None:
     for line in head.splitlines():
         if line.startswith("# versions:"):
             versions = [v.strip() for v in line.split(":", 1)[1].split(",") if v.strip()]
-    return Catalogue(FileRows(fd, offsets, size), versions, index)
+    return Catalogue(FileRows(fd, offsets, size, _numbers(fields.get("heads", ""))), versions, index)
 
 
 def parse_modules(text: str) -> tuple[tuple[str, str], ...]:
