@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -83,13 +84,14 @@ def _tagged(test_id: str) -> list[psutil.Process]:
     return found
 
 
-@pytest.fixture
-def no_leftovers() -> Iterator[str]:
+@contextlib.contextmanager
+def leftovers_guard() -> Iterator[str]:
     """Fails the test if it leaves a child, a zombie, or a simulator/SGLang process behind.
 
     The test's processes are told apart from other people's by an id in their environment
     (``SGLANG_SUPERVISOR_TEST_ID``): children inherit it, and ``tests/harness.py`` passes it
-    to the servers the daemon launches. Yields the id.
+    to the servers the daemon launches. Yields the id. ``no_leftovers`` is it for one test; a
+    fixture shared by several tests (the real group) holds it for as long as it lives.
     """
     import uuid
 
@@ -120,6 +122,13 @@ def no_leftovers() -> Iterator[str]:
             except psutil.Error:
                 pass
         pytest.fail(f"leftover processes: {described}")
+
+
+@pytest.fixture
+def no_leftovers() -> Iterator[str]:
+    """:func:`leftovers_guard` around one test."""
+    with leftovers_guard() as test_id:
+        yield test_id
 
 
 from tests.leftovers import pytest_configure, pytest_sessionfinish  # noqa: E402,F401 - the end-of-run check
