@@ -40,10 +40,17 @@ LOCK = "/tmp/real-sglang.lock"  # one real-SGLang user of the host at a time
 
 
 def real_configs(tmp: Path) -> list[Path]:
+    """Two real servers ``a`` and ``b``, SGLang's crash diagnostics on (as the real night's)."""
+    from tests.real import nights
     from tests.real.sglang_env import load
-    from tests.real.test_real_router import two_real_servers
+    from tests.real.soak_real import DIAGNOSTICS_ON
 
-    return two_real_servers(tmp, load())
+    real, configs = load(), []
+    for name in ("a", "b"):
+        (tmp / name).mkdir()
+        configs.append(nights.real_config(tmp / name, real, {"server": {"stop_grace_s": 30.0}, "health": {"failures": 3}},
+                                          env=DIAGNOSTICS_ON, name=name))
+    return configs
 
 
 async def one(tmp: Path, concurrency: int, integrated: bool, real: bool = False) -> dict[str, Any]:

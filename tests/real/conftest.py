@@ -7,6 +7,8 @@ never a skip: ``make e2e`` runs ``make real-sglang`` first.
 from __future__ import annotations
 
 import fcntl
+import os
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -77,3 +79,30 @@ def night(real_sglang: RealSGLang, tmp_path_factory: pytest.TempPathFactory) -> 
         result = nights.drive(nights.real_config(tmp, real_sglang))
         result.timings["night_s"] = time.monotonic() - t0
     yield result
+
+
+SOAK_MINUTES = float(os.environ.get("SOAK_MINUTES", "5"))
+# the night's own length, its setup, the last fault's recovery and its teardown
+SOAK_TIMEOUT_S = int(SOAK_MINUTES * 60) + 1200
+
+
+@pytest.fixture(scope="session")
+def soak_night(real_sglang: RealSGLang, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The real night, compressed (tests/real/soak_real.py; ``SOAK_MINUTES``, default 5;
+    ``SOAK_SEED`` picks it, printed either way), run once under the host lock and read by
+    ``test_soak_real.py`` and ``test_real_router.py``: it opens with the router's two faults
+    (``soak_real.OPENING``), then draws from the shuffled deck."""
+    from tests.real import soak_real
+
+    seed = int(os.environ["SOAK_SEED"]) if os.environ.get("SOAK_SEED") else random.SystemRandom().randrange(1, 10**6)
+    print(f"SOAK_SEED={seed} SOAK_MINUTES={SOAK_MINUTES:g}")
+    tmp = tmp_path_factory.mktemp("real-soak")
+    with open(LOCK_PATH, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            results = soak_real.run_night(SOAK_MINUTES, seed, tmp, opening=soak_real.OPENING)
+        except soak_real.SoakSetupError as e:
+            problem = str(e)
+        else:
+            return results
+    pytest.fail(problem, pytrace=False)

@@ -24,8 +24,10 @@ from tests.leftovers import RUN_VAR
 POLL_S = 0.25
 # Launches of a whole real tier on this tree: measured (make test, the tier's summary line
 # prints the count and the tests that launch most), plus a margin for the scenarios whose
-# launch count depends on timing (a crash seen before or after READY).
-BUDGET = 60
+# launch count depends on timing (a crash seen before or after READY) or on the seeded night's
+# draw. 54-56 before the real night carried the router's faults and one group all of its
+# faults (9 fewer); ~47 since.
+BUDGET = 54
 
 
 class LaunchCounter:

@@ -59,7 +59,7 @@ for _p in (str(REPO), str(REPO / "tests"), str(REPO / "tests" / "chaos")):
         sys.path.insert(0, _p)
 
 from conftest import free_port, wait_until  # noqa: E402
-from harness import DaemonRun, merge_servers, read_events  # noqa: E402
+from harness import DaemonRun, merge_servers, read_events, watch_exit  # noqa: E402
 
 from supervisor.adapters.procstart import running, started, still  # noqa: E402
 from supervisor.core.events import ALERT_KINDS  # noqa: E402
@@ -72,6 +72,9 @@ FAULTS = (
     "sighup_flag", "router_restart", "broker_stop", "daemon_kill", "state_unwritable",
 )
 FOREIGN = "foreign_server"
+# make test's night opens with the router's two faults (tests/real/test_real_router.py reads
+# them: the night of tests/router_night.py, on the soak's servers instead of two more)
+OPENING = ("sigkill_scheduler", "rolling_restart")
 # Faults whose window may cost requests (the server hangs with requests in it); every other
 # fault must cost none.
 MAY_FAIL = frozenset({"sigstop_scheduler"})
@@ -318,11 +321,12 @@ class Fault:
 
 
 class Night:
-    def __init__(self, real: RealSGLang, tmp: Path, minutes: float, seed: int) -> None:
+    def __init__(self, real: RealSGLang, tmp: Path, minutes: float, seed: int, opening: tuple[str, ...] = ()) -> None:
         self.real = real  # bf16, as real models are (RealSGLang.model)
         self.tmp = tmp
         self.minutes = minutes
         self.seed = seed
+        self.opening = opening  # the first faults, in this order; then the shuffled deck
         self.rng = random.Random(seed)
         self.faults: list[Fault] = []
         self.daemons: list[DaemonRun] = []
@@ -449,17 +453,36 @@ class Night:
         return f
 
     def _kill_part(self, f: Fault, prefix: str | None, sig: int) -> None:
+        """One server's part (or main, ``prefix`` None) signalled; until serving again. Kept
+        for the router's checks (``test_real_router``): when the daemon noticed and when the
+        router lost the server (from the signal), when a killed part's main process exited
+        (SGLang's crash diagnostics on: it sleeps 5 s first), the other server's launches."""
         name = self.rng.choice(SERVERS)
         f.target = name
         main = self.main_of(name)
+        others = {n: len(self.d.find("launch", server=n)) for n in SERVERS if n != name}
         victim = psutil.Process(main) if prefix is None else part_of(main, prefix)
         f.detail["pid"] = victim.pid
+        exited: dict[str, float] = {}
+        watcher = watch_exit(main, exited) if prefix is not None and sig == signal.SIGKILL else None
         f.t0 = time.monotonic()
         victim.send_signal(sig)
         f.recovered = self._wait_serving(f.t0, RECOVER_S, f.kind, (name,))
-        crash = [e for e in self.d.find("crash", server=name) if float(e.get("mono", 0)) > f.t0]
+
+        def since(event: str) -> list[dict[str, Any]]:
+            return [e for e in self.d.find(event, server=name) if float(e.get("mono", 0)) > f.t0]
+
+        crash, down, removed = since("crash"), since("server_down"), since("router_removed")
         if crash:
             f.detail["cause"] = crash[0].get("cause")
+        if down:
+            f.detail["noticed_s"] = round(float(down[0]["mono"]) - f.t0, 4)
+        if removed:
+            f.detail["removed_s"] = round(float(removed[0]["mono"]) - f.t0, 4)
+        f.detail["other_server_relaunched"] = sum(len(self.d.find("launch", server=n)) - k for n, k in others.items())
+        if watcher is not None:
+            watcher.join(30)
+            f.detail["main_exit_s"] = round(exited["at"] - f.t0, 4) if "at" in exited else None
 
     def _fault_sigkill_scheduler(self, f: Fault) -> None:
         self._kill_part(f, "sglang::scheduler", signal.SIGKILL)
@@ -482,6 +505,12 @@ class Night:
         if cmd.returncode != 0:
             raise AssertionError(f"restart exited {cmd.returncode}: {(cmd.stdout + cmd.stderr)[-800:]}")
         f.recovered = self._wait_serving(f.t0, RECOVER_S, f.kind, SERVERS)
+        # the daemon's steps, in its order: one server down and back before the next
+        f.detail["order"] = [
+            f"{e['server']}: {'stop' if e['event'] == 'state_changed' else 'ready'}" for e in self.d.events()
+            if f.t0 <= float(e.get("mono", 0)) <= f.recovered and e.get("server") in SERVERS
+            and ((e.get("event") == "state_changed" and e.get("to") == "RESTARTING") or e.get("event") == "server_ready")
+        ]
 
     def _fault_sighup_flag(self, f: Fault) -> None:
         name = self.rng.choice(SERVERS)
@@ -599,7 +628,7 @@ class Night:
 
     def run(self) -> None:
         end = self.t_start + self.minutes * 60
-        deck: list[str] = []
+        deck: list[str] = list(self.opening)
         foreign_in = self.rng.uniform(10.0, min(60.0, self.minutes * 20))
         next_at = self.t_start + self.rng.uniform(*GAP_S)
         # the foreign server comes at its time whatever a fault's recovery is doing then
@@ -842,9 +871,9 @@ def table(r: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def run_night(minutes: float, seed: int, tmp: Path) -> dict[str, Any]:
+def run_night(minutes: float, seed: int, tmp: Path, opening: tuple[str, ...] = ()) -> dict[str, Any]:
     real = load()
-    night = Night(real, tmp, minutes, seed)
+    night = Night(real, tmp, minutes, seed, opening)
     try:
         night.setup()
         night.run()

@@ -6,45 +6,40 @@ client at concurrency 2 through the router, a fault every 45-90 s. The goals: re
 only within the window of a hang (how many is reported), none for any other fault and none
 outside a fault's window; every fault recovered; 0 alerts lost or duplicated (by id); 0
 processes left; the foreign SGLang untouched; the daemon's RSS within 5 % (of its warm
-sample: the first crash it diagnoses loads the message catalogue's index, ~4 MB, once).
+sample, 10 s after its first READY).
 
 Marked ``soak`` (``-m soak`` picks it alone); ``make test`` runs it in the real tier, and
 ``make soak-real`` runs the 30-minute night.
 
-It holds the host-wide real-SGLang lock for the whole night. A missing component (mosquitto,
-the router, SGLang) fails the test, never skips. Every port is a free one (xdist-safe).
+The night is the session's ``soak_night`` fixture (tests/real/conftest.py), which opens with
+the router's two faults for ``test_real_router.py`` and holds the host-wide real-SGLang lock
+for the whole night. A missing component (mosquitto, the router, SGLang) fails the test,
+never skips. Every port is a free one (xdist-safe).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.real import soak_real
-from tests.real.sglang_env import RealSGLang
+from tests.real.conftest import SOAK_TIMEOUT_S
 
-MINUTES = float(os.environ.get("SOAK_MINUTES", "5"))
 pytestmark = pytest.mark.soak
 
 
-@pytest.mark.timeout(int(MINUTES * 60) + 1200)  # setup, the last fault's recovery, teardown
-def test_a_compressed_real_night_loses_no_request_outside_a_hang(
-    tmp_path: Path, real_sglang: RealSGLang, real_lock: None,
-) -> None:
-    seed = int(os.environ["SOAK_SEED"]) if os.environ.get("SOAK_SEED") else random.SystemRandom().randrange(1, 10**6)
-    print(f"SOAK_SEED={seed} SOAK_MINUTES={MINUTES:g}")
-    try:
-        results = soak_real.run_night(MINUTES, seed, tmp_path)
-    except soak_real.SoakSetupError as e:
-        pytest.fail(str(e), pytrace=False)
+@pytest.mark.timeout(SOAK_TIMEOUT_S)
+def test_a_compressed_real_night_loses_no_request_outside_a_hang(tmp_path: Path, soak_night: dict[str, Any]) -> None:
+    results = soak_night
     (tmp_path / "results.json").write_text(json.dumps(results, indent=1, default=str))
     out = os.environ.get("SOAK_RESULTS")
     if out:
         Path(out).write_text(json.dumps(results, indent=1, default=str))
+    print(f"SOAK_SEED={results['seed']}")
     print(soak_real.table(results))
 
     faults = results["faults"]
