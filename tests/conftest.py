@@ -22,6 +22,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_for_later(low: int = 10000, high: int = 21999, attempts: int = 64) -> int:
+    """A free port below the kernel's ephemeral range (32768 up by default) and below
+    SGLang's own pick for its NCCL port (22000-29999), for a server that binds it only after
+    a long start (a real SGLang: after its model load). A port from ``free_port`` is
+    ephemeral: any ``bind(0)`` or ``connect()`` on the host may be handed it in between (a
+    clean run saw a second real server's port taken by the first one's scheduler while the
+    second loaded; its HTTP server then could not bind). SGLang keeps its own late port out
+    of that range for the same reason."""
+    import random
+
+    for port in random.sample(range(low, high + 1), attempts):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free port in {low}-{high} after {attempts} tries")
+
+
 def require_binary(name: str, *extra_dirs: str) -> str:
     """Path of a binary the test needs: a failure in CI, a skip elsewhere."""
     path = shutil.which(name) or next(

@@ -30,7 +30,7 @@ import tomli_w
 from tests.harness import REPO, DaemonRun
 
 sys.path.insert(0, str(REPO / "tests"))
-from conftest import free_port  # noqa: E402
+from conftest import free_port_for_later  # noqa: E402
 
 REQUEST_TOKENS = 1200  # about 3 s of decoding for the tiny model on this CPU: in flight for sure
 IN_FLIGHT = 4
@@ -47,7 +47,7 @@ def write_config(tmp: Path, command: list[str], *, model: str, env: dict[str, st
         "server": {
             "command": command,
             "model_path": model,
-            "port": free_port(),
+            "port": free_port_for_later(),  # bound only after the model load
             "stop_grace_s": 30.0,
             "env": {**env, **tags},
         },

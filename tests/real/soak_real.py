@@ -58,7 +58,7 @@ for _p in (str(REPO), str(REPO / "tests"), str(REPO / "tests" / "chaos")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from conftest import free_port, wait_until  # noqa: E402
+from conftest import free_port, free_port_for_later, wait_until  # noqa: E402
 from harness import DaemonRun, merge_servers, read_events, watch_exit  # noqa: E402
 
 from supervisor.adapters.procstart import running, started, still  # noqa: E402
@@ -604,7 +604,7 @@ class Night:
             self.mounted = None
 
     def start_foreign(self) -> None:
-        port = free_port()
+        port = free_port_for_later()
         env = self.real.environ()
         for var in ("SGLANG_SUPERVISOR_TEST_ID",):
             env.pop(var, None)

@@ -32,7 +32,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import free_port, leftovers_guard, wait_until
+from tests.conftest import free_port_for_later, leftovers_guard, wait_until
 from tests.etcdlib import EtcdServer
 from tests.harness import REPO, DaemonRun
 from tests.real import nights
@@ -43,7 +43,7 @@ READY_S = 240.0
 
 
 def node_configs(tmp_path: Path, real: RealSGLang, etcd: EtcdServer) -> list[Path]:
-    dist = f"127.0.0.1:{free_port()}"
+    dist = f"127.0.0.1:{free_port_for_later()}"  # node 0's TCPStore binds it once loaded
     configs = []
     for rank, bind in ((0, "0|1"), (1, "1|0")):
         tmp = tmp_path / f"node{rank}"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -14,16 +13,11 @@ from pathlib import Path
 
 import psutil
 
+from tests.conftest import free_port_for_later
 from tests.real.sglang_env import RealSGLang
 
 READY_DEADLINE_S = 120
 EXIT_DEADLINE_S = 30
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _group(pgid: int) -> list[psutil.Process]:
@@ -53,7 +47,7 @@ def _get(url: str, timeout: float = 5.0) -> int:
 
 
 def test_real_server_generates_and_drains_on_sigterm(real_sglang: RealSGLang, real_lock, tmp_path: Path):
-    port = _free_port()
+    port = free_port_for_later()  # bound only after the model load
     log = tmp_path / "server.log"
     base = f"http://127.0.0.1:{port}"
     with open(log, "wb") as out:
