@@ -43,6 +43,7 @@ def test_a_real_oom_kill_of_the_scheduler_is_host_oom(real_sglang, tmp_path, mem
             pid = int(d.wait_for("launch", attempt=1, timeout=60)["pid"])
             d.wait_for("server_ready", timeout=200)
             sched = nights.part(pid)
+            ours = {p.pid for p in nights.tree(pid)}
             with open(f"/proc/{sched.pid}/oom_score_adj", "w") as f:
                 f.write("1000")
             before = memcg.oom_kills()
@@ -56,10 +57,11 @@ def test_a_real_oom_kill_of_the_scheduler_is_host_oom(real_sglang, tmp_path, mem
                 memcg.release()
             assert memcg.oom_kills() > before  # the kernel's own record
             # Which death is seen first is the kernel's and SGLang's order, not the daemon's: the
-            # killed scheduler's (found by the tree's watch), or the main process's, which SGLang
-            # ends at once when a child dies (its pidfd is read at once). The promise is the cause
-            # and its remedy, whichever comes first.
-            assert down["title"].startswith("sglang::scheduler") or down["title"] == "main", down
+            # killed scheduler's, the main process's (SGLang ends it when a child dies), or a
+            # second victim's (the kernel may kill again while the first's memory is torn down:
+            # a clean run saw the detokenizer's first). The promise is that the death is this
+            # server's, and the cause and its remedy, whichever comes first.
+            assert int(down["pid"]) in ours, (down, sorted(ours))
             crash = d.wait_for("crash", timeout=90)
             assert crash["cause"] == "host_oom", crash
             assert crash["remedy"] == str(Cause.HOST_OOM.remedy), crash
